@@ -1,0 +1,48 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    from trl_grpo_ext.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_path):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(tiny_model_path)
+
+
+def varied_reward(completions, **kwargs):
+    """A reward with within-group variance on a random model: the length of the text, mod 7, scaled."""
+    from trl_grpo_ext.rewards import completion_text
+
+    return [(len(completion_text(c)) % 7) / 7 for c in completions]
+
+
+def make_config(tmp_path, config_cls=None, **overrides):
+    from trl_grpo_ext import GRPOExtConfig
+    from trl_grpo_ext.testing import cpu_test_config_kwargs
+
+    config_cls = config_cls or GRPOExtConfig
+    kwargs = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=3,
+        learning_rate=1e-2,
+        seed=0,
+        **cpu_test_config_kwargs(),
+    )
+    kwargs.update(overrides)
+    return config_cls(**kwargs)

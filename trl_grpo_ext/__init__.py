@@ -1,0 +1,22 @@
+"""trl_grpo_ext: the newest RL methods for LLMs as drop-in extensions of TRL's GRPOTrainer."""
+
+from .advantages import get_advantage, list_advantages, register_advantage
+from .batch import RolloutBatch
+from .config import GRPOExtConfig
+from .rewards import get_reward, list_rewards, register_reward
+from .trainer import GRPOExtTrainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GRPOExtConfig",
+    "GRPOExtTrainer",
+    "RolloutBatch",
+    "register_reward",
+    "get_reward",
+    "list_rewards",
+    "register_advantage",
+    "get_advantage",
+    "list_advantages",
+    "__version__",
+]

@@ -1,0 +1,48 @@
+"""Advantage estimators and their registry.
+
+An estimator maps a scored batch to advantages: `fn(batch: RolloutBatch) -> Tensor` of shape (B,) (one advantage
+per completion, as in GRPO) or (B, T) (one per completion token), for this process's rows. It may instead return
+`(advantages, loss_weights)` where `loss_weights` is a (B, T) float tensor multiplied into the loss mask (0 removes
+a token from the loss, and from the token count that normalises it).
+
+>>> from trl_grpo_ext import register_advantage
+>>> @register_advantage("centred")  # doctest: +SKIP
+... def centred(batch):
+...     return batch.local(group_advantages(batch.rewards, batch.num_generations, scale="none"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..registry import Registry
+from .group import group_advantages, trl_group
+
+ADVANTAGES = Registry("advantage")
+
+
+def register_advantage(name: str, fn: Callable | None = None, *, factory: bool = False):
+    """Register an advantage estimator under `name`. Usable as a decorator."""
+    return ADVANTAGES.register(name, fn, factory=factory)
+
+
+def get_advantage(name: str | Callable, **params) -> Callable:
+    """The estimator registered as `name`; dotted import paths work too."""
+    return ADVANTAGES.get(name, **params)
+
+
+def list_advantages() -> list[str]:
+    """The registered estimator names, sorted."""
+    return ADVANTAGES.names()
+
+
+register_advantage("group", trl_group)
+
+__all__ = [
+    "ADVANTAGES",
+    "register_advantage",
+    "get_advantage",
+    "list_advantages",
+    "group_advantages",
+    "trl_group",
+]

@@ -1,0 +1,85 @@
+"""`GRPOExtConfig`: TRL's `GRPOConfig` plus one section of fields per extension."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+
+@dataclass
+class GRPOExtConfig(GRPOConfig):
+    r"""Configuration for [`GRPOExtTrainer`]: every field of TRL's `GRPOConfig`, plus the extensions' own.
+
+    With every extension left at its default, training is bit for bit that of `GRPOTrainer` with the same
+    `GRPOConfig` fields. All defaults inherited from `GRPOConfig` are unchanged (note TRL's `bf16=True` and
+    `gradient_checkpointing=True`: turn both off to train on a CPU).
+
+    Parameters:
+        > Parameters that control the advantage
+
+        advantage_estimator (`str` or callable, *optional*, defaults to `"group"`):
+            Registry name or dotted import path of the advantage estimator, or the callable itself. `"group"` keeps
+            TRL's own group-normalised advantages (and its `scale_rewards`, `multi_objective_aggregation`). An
+            estimator returns (B,) or (B, T) advantages; see `trl_grpo_ext.advantages`.
+
+        > Parameters that control generation from per-row prefixes
+
+        context_prefix_column (`str`, *optional*):
+            Dataset column holding text appended to each prompt before generation as context: the policy generates
+            after it, and it is not trained (Tree-OPO's teacher prefixes, a draft to refine).
+        completion_prefix_column (`str`, *optional*):
+            Dataset column holding text that starts each completion: the policy continues it, and it is trained as
+            part of the completion (segment 0; the generated continuation is segment 1).
+    """
+
+    advantage_estimator: str = field(
+        default="group",
+        metadata={
+            "help": "Registry name or dotted import path of the advantage estimator. 'group' keeps TRL's own "
+            "group-normalised advantages; see `trl_grpo_ext.list_advantages()`."
+        },
+    )
+    context_prefix_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Dataset column with text appended to each prompt as context before generation (not trained)."
+        },
+    )
+    completion_prefix_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Dataset column with text that starts each completion; the policy continues it and it is trained."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check_advantage_estimator()
+        for name in ("context_prefix_column", "completion_prefix_column"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name}={value!r} must be a dataset column name, or None to switch it off.")
+        if self.context_prefix_column is not None and self.context_prefix_column == self.completion_prefix_column:
+            raise ValueError(
+                f"context_prefix_column and completion_prefix_column are both {self.context_prefix_column!r}; a prefix "
+                "is either context (not trained) or part of the completion (trained): set only one."
+            )
+
+    def _check_advantage_estimator(self):
+        from .advantages import list_advantages
+
+        value = self.advantage_estimator
+        if callable(value):
+            return
+        if not isinstance(value, str) or not value:
+            raise ValueError(
+                f"advantage_estimator={value!r} must be a registry name, a dotted import path or a callable; "
+                f"known names: {', '.join(list_advantages())}."
+            )
+        if value not in list_advantages() and "." not in value:
+            raise ValueError(
+                f"advantage_estimator={value!r} is not a registered estimator. Known: {', '.join(list_advantages())}; "
+                "register yours with `trl_grpo_ext.register_advantage` before building the config, or give its dotted "
+                "import path (e.g. 'my_package.my_estimator')."
+            )

@@ -1,0 +1,187 @@
+"""Offline test fixtures: a tiny random Qwen2 and a byte-level BPE tokenizer with a chat template.
+
+No machine that runs our CI reaches the Hugging Face Hub, so tests, examples (`--tiny`) and users' own CI
+build this model in-process instead of downloading one:
+
+>>> from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+>>> path = build_tiny_model("/tmp/tiny")  # doctest: +SKIP
+>>> model = AutoModelForCausalLM.from_pretrained(path)  # doctest: +SKIP
+>>> tokenizer = PreTrainedTokenizerFast.from_pretrained(path)  # doctest: +SKIP
+
+Load the tokenizer with `PreTrainedTokenizerFast`: `AutoTokenizer` sees a Qwen2 config and swaps in Qwen's own
+pre-tokenizer, which does not match the vocabulary trained here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+
+__all__ = ["build_tiny_model", "tiny_dataset", "cpu_test_config_kwargs", "TAG_TOKENS"]
+
+EOS = "<|im_end|>"
+PAD = "<|endoftext|>"
+SPECIAL_TOKENS = [PAD, "<|im_start|>", EOS]
+# Single tokens, as in Qwen's vocabulary, so that tag boundaries are token boundaries.
+TAG_TOKENS = [
+    "<think>", "</think>", "<answer>", "</answer>", "<plan>", "</plan>",
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+]  # fmt: skip
+_VERSION = 1  # bump when the model or tokenizer below changes: cached directories are rebuilt
+
+
+def _corpus() -> list[str]:
+    words = (
+        "the a of to and is in it you that he was for on are with as his they be at one have this from or had by "
+        "word but what some we can out other were all there when up use your how said an each she which do their "
+        "time if will way about many then them write would like so these her long make thing see him two has look "
+        "more day could go come did number sound no most people my over know water than call first who may down "
+        "side been now find answer plan think step sum total result because therefore compute add multiply"
+    ).split()
+    lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
+    lines += [f"What is {a} + {b}? The answer is {a + b}." for a in range(12) for b in range(12)]
+    lines += ['{"name": "calculator", "arguments": {"expression": "3 * 4"}}', "system user assistant tool"]
+    return lines
+
+
+def _build_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS,
+        pad_token=PAD,
+        bos_token=None,
+        unk_token=None,
+        padding_side="left",
+        truncation_side="left",
+        chat_template=qwen2_5_chat_template,
+    )
+    tokenizer.add_tokens(TAG_TOKENS)
+    return tokenizer
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    vocab_size: int = 400,
+    max_position_embeddings: int = 2048,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> Path:
+    """Build a tiny random Qwen2 causal LM and its tokenizer offline and save both to `out_dir`.
+
+    The tokenizer is a byte-level BPE trained in-process on a small corpus, with Qwen2.5's ChatML chat template
+    (which renders tool calls, so `tools=` training works) and the tags `<think>`, `<answer>`, `<plan>`,
+    `<tool_call>`... as single tokens. `max_position_embeddings` defaults to 2048 because tool-calling prompts
+    are long. Global RNG state is left untouched. An existing build with the same settings is reused unless
+    `overwrite=True`.
+
+    Returns the directory, loadable with `AutoModelForCausalLM.from_pretrained` and
+    `PreTrainedTokenizerFast.from_pretrained`.
+    """
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    settings = {
+        "version": _VERSION,
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_position_embeddings,
+        "seed": seed,
+    }
+    stamp = out / "tiny_model_settings.json"
+    if not overwrite and stamp.exists() and json.loads(stamp.read_text()) == settings:
+        return out
+    if hidden_size % 8 != 0:
+        raise ValueError(f"hidden_size={hidden_size} must be a multiple of 8 (4 heads of even size); try 32.")
+
+    tokenizer = _build_tokenizer(vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    stamp.write_text(json.dumps(settings))
+    return out
+
+
+_PROBLEMS = [(a, b) for a in range(2, 10) for b in range(1, 8)]
+
+
+def tiny_dataset(n: int = 16, *, conversational: bool = True, seed: int = 0) -> Dataset:
+    """A small built-in arithmetic dataset: `prompt` and `solution` columns, TRL's standard format.
+
+    `solution` holds the answer as LaTeX-free text that math-verify parses ("7"), so TRL's `accuracy_reward` and
+    ours score it.
+    """
+    import random
+
+    rng = random.Random(seed)
+    rows = rng.sample(_PROBLEMS, k=min(n, len(_PROBLEMS)))
+    while len(rows) < n:
+        rows.append(rng.choice(_PROBLEMS))
+    system = "Think in <think></think>, then give the final answer in <answer></answer>."
+    prompts, solutions = [], []
+    for a, b in rows:
+        question = f"What is {a} + {b}?"
+        if conversational:
+            prompts.append([{"role": "system", "content": system}, {"role": "user", "content": question}])
+        else:
+            prompts.append(f"{system}\n{question}\n")
+        solutions.append(str(a + b))
+    return Dataset.from_dict({"prompt": prompts, "solution": solutions})
+
+
+def cpu_test_config_kwargs() -> dict:
+    """GRPOConfig settings that a run on the tiny model on CPU needs.
+
+    TRL defaults `bf16=True` and `gradient_checkpointing=True`; both are off here. `report_to="none"` keeps tests
+    from writing trackers' files.
+    """
+    return {
+        "bf16": False,
+        "gradient_checkpointing": False,
+        "use_cpu": True,
+        "report_to": "none",
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+    }

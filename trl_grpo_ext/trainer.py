@@ -1,0 +1,291 @@
+"""`GRPOExtTrainer`: TRL's `GRPOTrainer` with a few narrow seams opened. The one module that touches TRL internals.
+
+Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
+
+- `_calculate_rewards(inputs, prompts, completions, completion_ids_list) -> Tensor (N, F)`: wrapped to keep the
+  gathered rewards, prompts and decoded completions of the batch on the trainer.
+- `_generate_and_score_completions(inputs) -> dict`: wrapped as `out = super()...; out["advantages"] =
+  estimator(batch)`. TRL's loss takes (B,) or (B, T) advantages ("conditionally unsqueeze" in `_compute_loss`).
+  Rows are shuffled right after, in `_prepare_inputs`, so group maths must happen here.
+- `out["tool_mask"]`: the loss masks with `completion_mask * tool_mask`; per-token loss weights are multiplied in,
+  and `out["num_items_in_batch"]` (the dapo / cispo normaliser) is recomputed from the product.
+- `_tokenize_prompts(prompts) -> (prompt_ids, images, multimodal_fields)`: per-row context prefixes join the prompt.
+- `_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, ...) -> (completion_ids,
+  logprobs)`: per-row completion prefixes; it serves transformers, continuous-batching and vLLM generation alike.
+
+`tests/test_trl_compat.py` checks every seam named here and fails, naming it, when TRL renames or reshapes one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from .advantages import get_advantage, trl_group
+from .batch import RolloutBatch
+from .rewards import REWARDS, get_reward
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RowPrefixes:
+    """Token prefixes for the rows of the next generation call (one list of ids per row, or None)."""
+
+    context_ids: list[list[int]] | None = None  # joins the prompt: generated after, never trained
+    completion_ids: list[list[int]] | None = None  # starts the completion: continued, and trained
+    num_generations: int | None = None  # the block size the generation backend sees (vLLM server: `n`)
+    consumed: bool = False
+
+
+class GRPOExtTrainer(GRPOTrainer):
+    """`GRPOTrainer` with pluggable advantages, per-token loss weights and generation from per-row prefixes.
+
+    A drop-in replacement: with `GRPOExtConfig` defaults (or a plain `GRPOConfig`) it trains bit for bit like
+    `GRPOTrainer`. Reward functions may also be given by registry name or dotted import path
+    (`reward_funcs=["tag_format", "accuracy"]`); other strings keep TRL's meaning, a reward model id.
+
+    >>> from trl_grpo_ext import GRPOExtConfig, GRPOExtTrainer
+    >>> trainer = GRPOExtTrainer(  # doctest: +SKIP
+    ...     model="Qwen/Qwen2.5-0.5B-Instruct",
+    ...     reward_funcs=["accuracy", "think_format"],
+    ...     args=GRPOExtConfig(output_dir="out", advantage_estimator="group"),
+    ...     train_dataset=dataset,
+    ... )
+    """
+
+    _tag_names = ["trl", "grpo", "trl-grpo-ext"]
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pos, **kwargs):
+        # Resolve our names before TRL loads any model, so that a typo fails in a second, not after a download.
+        estimator_name = getattr(args, "advantage_estimator", "group")
+        estimator = get_advantage(estimator_name)
+        reward_funcs = _resolve_rewards(reward_funcs)
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        self.advantage_estimator = estimator
+        self._rewrites_advantages = estimator is not trl_group
+        self._prefix_columns = (
+            getattr(self.args, "context_prefix_column", None),
+            getattr(self.args, "completion_prefix_column", None),
+        )
+        self._row_prefixes: RowPrefixes | None = None
+        self.last_scoring: dict | None = None
+        for module in (self.model, getattr(self, "ref_model", None)):
+            _disable_bnb_cpu_weight_repacking(module)
+
+    # ------------------------------------------------------------------ seams
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Seam: GRPOTrainer._calculate_rewards(inputs, prompts, completions, completion_ids_list) returns
+        # `rewards_per_func = gather(rewards_per_func)`: (N, F) over all processes. Kept, not changed.
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self.last_scoring = {
+            "rewards_per_func": rewards_per_func,
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": completion_ids_list,
+        }
+        return rewards_per_func
+
+    def _tokenize_prompts(self, prompts: list):
+        # Seam: GRPOTrainer._generate calls `prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)`
+        # and uses prompt_ids for generation and for the loss's forward pass: context ids added here are context.
+        prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
+        prefixes = self._row_prefixes
+        if prefixes is not None and not prefixes.consumed and prefixes.context_ids is not None:
+            if any(isinstance(v, list) for v in multimodal_fields.values()):
+                raise NotImplementedError(
+                    "context prefixes with per-token multimodal fields (a VLM processor) are not supported yet; "
+                    "put the prefix text into the prompt itself."
+                )
+            prompt_ids = [_as_list(p) + c for p, c in zip(prompt_ids, prefixes.context_ids, strict=True)]
+        return prompt_ids, images, multimodal_fields
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        # Seam: GRPOTrainer._generate calls `completion_ids, logprobs = self._generate_single_turn(prompt_ids, images,
+        # multimodal_fields, num_generations)` once, then `_tool_call_loop` calls it again for post-tool turns. Row
+        # prefixes apply to that first call only (they are consumed by it).
+        prefixes = self._row_prefixes
+        if prefixes is None or prefixes.consumed:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images=has_tool_images
+            )
+        prefixes.consumed = True
+        block = prefixes.num_generations or num_generations
+        if prefixes.completion_ids is None:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, block, has_tool_images=has_tool_images
+            )
+        started = [_as_list(p) + c for p, c in zip(prompt_ids, prefixes.completion_ids, strict=True)]
+        generated, logprobs = super()._generate_single_turn(
+            started, images, multimodal_fields, block, has_tool_images=has_tool_images
+        )
+        completion_ids = [c + _as_list(g) for c, g in zip(prefixes.completion_ids, generated, strict=True)]
+        if logprobs is not None:
+            # The prefix was not sampled by the backend: no sampling log-prob (TRL maps None to NaN and gives such
+            # tokens an importance ratio of 1).
+            logprobs = [[None] * len(c) + list(lp) for c, lp in zip(prefixes.completion_ids, logprobs, strict=True)]
+        return completion_ids, logprobs
+
+    def _generate_and_score_completions(self, inputs):
+        # Seam: `out = super()._generate_and_score_completions(inputs)`; `out["advantages"]` is (B,) for this process.
+        # With no extension on, TRL's result is returned as it is: bit-identical and free.
+        if not self._rewrites_advantages and self._row_prefixes is None and self._prefix_columns == (None, None):
+            return super()._generate_and_score_completions(inputs)
+        if self._row_prefixes is None and self._prefix_columns != (None, None):
+            self.set_row_prefixes(**self._prefixes_from_columns(inputs))
+        prefixes = self._row_prefixes
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            self._row_prefixes = None
+        batch = self.build_rollout_batch(inputs, out, prefixes)
+        if batch.segment_ids is not None:
+            out["segment_ids"] = batch.segment_ids
+        if not self._rewrites_advantages:
+            return out
+        return self.apply_advantages(out, batch, self.advantage_estimator(batch))
+
+    # ------------------------------------------------------------------ our API
+    def set_row_prefixes(
+        self,
+        context_ids: list[list[int]] | None = None,
+        completion_ids: list[list[int]] | None = None,
+        num_generations: int | None = None,
+    ) -> None:
+        """Give the next generation batch per-row prefixes (token ids, one list per local row).
+
+        `context_ids` join the prompt (generated after, not trained); `completion_ids` start the completion (the
+        policy continues them and they are trained). `num_generations` is the block size the generation backend
+        sees: rows in a block must share their prompt and prefixes (vLLM server mode generates `n` completions per
+        block). By default it is the group size when every group shares its prefixes, else 1.
+        """
+        self._row_prefixes = RowPrefixes(context_ids, completion_ids, num_generations)
+
+    def _prefixes_from_columns(self, inputs: list[dict]) -> dict:
+        mode = "train" if self.model.training else "eval"
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        result = {}
+        for key, column in zip(("context_ids", "completion_ids"), self._prefix_columns, strict=True):
+            if column is None:
+                continue
+            if column not in inputs[0]:
+                raise KeyError(
+                    f"{key.replace('_ids', '_prefix_column')}={column!r}, but the dataset has no such column "
+                    f"(columns: {sorted(inputs[0])}); add the column or unset the field."
+                )
+            texts = [row[column] or "" for row in inputs]
+            result[key] = [self._tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        rows = [tuple(tuple(ids[i]) for ids in result.values()) for i in range(len(inputs))]
+        shared = all(len(set(rows[i : i + group])) == 1 for i in range(0, len(rows), group))
+        result["num_generations"] = group if shared else 1
+        return result
+
+    def build_rollout_batch(self, inputs: list[dict], out: dict, prefixes: RowPrefixes | None = None) -> RolloutBatch:
+        """The `RolloutBatch` an estimator sees, from TRL's output dict and the kept rewards."""
+        scoring = self.last_scoring
+        mode = "train" if self.model.training else "eval"
+        rewards_per_func = scoring["rewards_per_func"]
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        local = len(scoring["prompts"])
+        index = self.accelerator.process_index
+        completion_mask = out["completion_mask"]
+        segment_ids = None
+        if prefixes is not None and prefixes.completion_ids is not None:
+            lengths = torch.tensor([len(c) for c in prefixes.completion_ids], device=completion_mask.device)
+            positions = torch.arange(completion_mask.size(1), device=completion_mask.device)
+            segment_ids = (positions.unsqueeze(0) >= lengths.unsqueeze(1)).long()  # (B, T): 0 prefix, 1 generated
+            segment_ids = segment_ids.masked_fill(completion_mask == 0, -1)
+        columns = {k: [row[k] for row in inputs] for k in inputs[0] if k not in ("prompt", "completion")}
+        return RolloutBatch(
+            rewards=rewards,
+            rewards_per_func=rewards_per_func,
+            reward_func_names=list(self.reward_func_names),
+            reward_weights=weights,
+            num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
+            process_slice=slice(index * local, (index + 1) * local),
+            advantages=out["advantages"],
+            completion_ids=out["completion_ids"],
+            completion_mask=completion_mask,
+            tool_mask=out.get("tool_mask"),
+            segment_ids=segment_ids,
+            prompts=scoring["prompts"],
+            completions=scoring["completions"],
+            columns=columns,
+            old_per_token_logps=out.get("old_per_token_logps"),
+            ref_per_token_logps=out.get("ref_per_token_logps"),
+            mode=mode,
+            step=self.state.global_step,
+        )
+
+    def apply_advantages(self, out: dict, batch: RolloutBatch, result) -> dict:
+        """Put an estimator's result into TRL's output dict: advantages, and loss weights if it gave any."""
+        advantages, loss_weights = result if isinstance(result, tuple) else (result, None)
+        name = getattr(self.advantage_estimator, "__name__", repr(self.advantage_estimator))
+        rows, length = batch.completion_ids.shape
+        if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) not in ((rows,), (rows, length)):
+            shape = tuple(advantages.shape) if isinstance(advantages, torch.Tensor) else type(advantages).__name__
+            raise ValueError(
+                f"advantage estimator {name!r} returned {shape}; expected a tensor of shape ({rows},) or "
+                f"({rows}, {length}) for this process's rows (use `batch.local(...)` on values computed over all rows)."
+            )
+        out["advantages"] = torch.nan_to_num(advantages.to(batch.completion_mask.device).float(), nan=0.0)
+        if loss_weights is not None:
+            if tuple(loss_weights.shape) != (rows, length):
+                raise ValueError(
+                    f"advantage estimator {name!r} returned loss weights of shape {tuple(loss_weights.shape)}; "
+                    f"expected ({rows}, {length})."
+                )
+            tool_mask = out.get("tool_mask")
+            tool_mask = torch.ones_like(batch.completion_mask) if tool_mask is None else tool_mask
+            out["tool_mask"] = tool_mask * loss_weights.to(tool_mask.device)
+            loss_mask = out["completion_mask"] * out["tool_mask"]
+            out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        self._log_row_advantages(out["advantages"], out["completion_mask"] * out.get("tool_mask", 1))
+        return out
+
+    def _log_row_advantages(self, advantages: torch.Tensor, mask: torch.Tensor) -> None:
+        # TRL logged its own advantages into the completions table; replace them with the ones the loss will use.
+        if advantages.dim() == 2:
+            advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1e-8)
+        gathered = self.accelerator.gather(advantages).tolist()
+        table = self._logs["advantages"]
+        for _ in range(min(len(gathered), len(table))):
+            table.pop()
+        table.extend(gathered)
+
+
+def _as_list(ids) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+
+def _resolve_rewards(reward_funcs):
+    if reward_funcs is None:
+        return None
+    items = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    resolved = []
+    for item in items:
+        if isinstance(item, str) and (item in REWARDS.names() or ("." in item and "/" not in item)):
+            resolved.append(get_reward(item))
+        else:
+            resolved.append(item)  # a callable, or a string TRL reads as a reward-model id
+    return resolved
+
+
+def _disable_bnb_cpu_weight_repacking(model) -> None:
+    # bitsandbytes' Linear4bit repacks its weight for AVX512-BF16 CPUs on the first eval-mode forward without grad
+    # (generation, `trainer.evaluate()`); the repacked weight then breaks every later training forward. Keeping the
+    # portable layout costs some CPU speed and nothing on GPUs.
+    if model is None:
+        return
+    try:
+        from bitsandbytes.nn import Linear4bit
+    except ImportError:
+        return
+    for module in model.modules():
+        if isinstance(module, Linear4bit):
+            module.support_avx512bf16_for_cpu = False
