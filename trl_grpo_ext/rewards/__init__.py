@@ -23,7 +23,7 @@ from trl.rewards import (
 )
 
 from ..registry import Registry
-from .format import completion_text, tag_format_reward
+from .format import completion_text, contains_solution_reward, tag_format_reward
 
 REWARDS = Registry("reward")
 
@@ -51,5 +51,6 @@ register_reward("soft_overlong", get_soft_overlong_punishment, factory=True)
 register_reward("repetition_penalty", get_repetition_penalty_reward, factory=True)
 # Ours.
 register_reward("tag_format", tag_format_reward, factory=True)
+register_reward("contains_solution", contains_solution_reward)
 
-__all__ = ["REWARDS", "register_reward", "get_reward", "list_rewards", "completion_text", "tag_format_reward"]
+__all__ = ["REWARDS", "register_reward", "get_reward", "list_rewards", "completion_text", "contains_solution_reward", "tag_format_reward"]

@@ -68,3 +68,23 @@ def tag_format_reward(tags: Sequence[str] | str = ("think", "answer"), partial: 
     reward.__name__ = "tag_format_" + "_".join(tags)
     reward.__qualname__ = reward.__name__
     return reward
+
+
+def contains_solution_reward(completions, solution, **kwargs) -> list[float]:
+    """1.0 when the row's `solution` appears in the completion as a whole word or number, else 0.0.
+
+    A lenient correctness check (the answer anywhere in the text), useful as a dense early signal next to the
+    strict `accuracy` (math-verify on the final answer). Rows with an empty solution score None (skipped).
+
+    >>> contains_solution_reward(["so it is 12.", "it is 123"], solution=["12", "12"])
+    [1.0, 0.0]
+    """
+    scores = []
+    for completion, sol in zip(completions, solution, strict=True):
+        sol = str(sol).strip()
+        if not sol:
+            scores.append(None)
+            continue
+        pattern = rf"(?<![\w.]){re.escape(sol)}(?![\w]|\.\d)"
+        scores.append(1.0 if re.search(pattern, completion_text(completion)) else 0.0)
+    return scores
