@@ -30,6 +30,16 @@ from .rewards import REWARDS, get_reward
 
 logger = logging.getLogger(__name__)
 
+# The TRL private methods this module wraps, with the parameters it relies on; tests/test_trl_compat.py checks them.
+TRL_SEAMS = {
+    "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
+    "_generate_and_score_completions": ["self", "inputs"],
+    "_tokenize_prompts": ["self", "prompts"],
+    "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
+}
+# Trainer attributes read here (set by GRPOTrainer.__init__).
+TRL_ATTRIBUTES = ["reward_weights", "reward_func_names", "num_generations", "num_generations_eval", "_logs", "_tokenizer"]
+
 
 @dataclass
 class RowPrefixes:

@@ -1,0 +1,29 @@
+"""Every example runs offline with --tiny, as CI runs it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize(
+    "script, extra",
+    [
+        ("quickstart.py", []),
+        ("quickstart.py", ["--lora", "--load-in-4bit", "--estimator", "centred_token_ramp"]),
+    ],
+)
+def test_example_runs_tiny(script, extra, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), "--tiny", "--output-dir", str(tmp_path / "out"), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"saved to {tmp_path / 'out'}" in result.stdout

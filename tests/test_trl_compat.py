@@ -1,0 +1,80 @@
+"""Fails loudly, naming the seam, when TRL renames or reshapes a method or attribute that trainer.py relies on."""
+
+import inspect
+from importlib.metadata import version
+
+import pytest
+from packaging.version import Version
+from trl import GRPOTrainer
+
+from trl_grpo_ext.trainer import TRL_ATTRIBUTES, TRL_SEAMS
+
+HINT = "trl_grpo_ext/trainer.py must be updated for this TRL release (see its module docstring)."
+
+
+def test_trl_version_is_in_the_tested_range():
+    installed = Version(version("trl"))
+    assert Version("1.16") <= installed < Version("1.17"), f"trl {installed} is outside the tested range >=1.16,<1.17"
+
+
+@pytest.mark.parametrize("name", sorted(TRL_SEAMS))
+def test_seam_signature(name):
+    method = getattr(GRPOTrainer, name, None)
+    assert method is not None, f"TRL seam GRPOTrainer.{name} no longer exists. {HINT}"
+    params = list(inspect.signature(method).parameters)
+    assert params == TRL_SEAMS[name], f"TRL seam GRPOTrainer.{name}{params} != expected {TRL_SEAMS[name]}. {HINT}"
+
+
+def _source(name):
+    return inspect.getsource(getattr(GRPOTrainer, name))
+
+
+def test_generate_calls_the_seams_we_override():
+    source = _source("_generate")
+    for call in ["self._tokenize_prompts(prompts)", "self._generate_single_turn("]:
+        assert call in source, f"GRPOTrainer._generate no longer calls {call}: row prefixes would be ignored. {HINT}"
+    assert source.index("self._tokenize_prompts(") < source.index("self._generate_single_turn("), HINT
+
+
+def test_loss_takes_token_level_advantages_and_the_tool_mask():
+    source = _source("_compute_loss")
+    assert "advantages.dim() == 1" in source, f"GRPOTrainer._compute_loss no longer accepts (B, T) advantages. {HINT}"
+    assert 'completion_mask * inputs["tool_mask"]' in source, (
+        f"GRPOTrainer._compute_loss no longer masks with completion_mask * tool_mask: loss weights would be lost. "
+        f"{HINT}"
+    )
+    assert 'inputs["num_items_in_batch"]' in source, f"the dapo normaliser moved out of num_items_in_batch. {HINT}"
+
+
+def test_advantages_are_shuffled_after_scoring():
+    source = _source("_prepare_inputs")
+    scored, shuffled = source.find("_generate_and_score_completions("), source.find("shuffle_sequence_dict(")
+    assert 0 <= scored < shuffled, (
+        f"GRPOTrainer._prepare_inputs no longer shuffles after _generate_and_score_completions: group maths in our "
+        f"override would see shuffled rows. {HINT}"
+    )
+
+
+def test_scoring_output_keys():
+    source = _source("_generate_and_score_completions")
+    for key in ['"advantages": advantages', '"num_items_in_batch": num_items_in_batch', 'output["tool_mask"]']:
+        assert key in source, f"GRPOTrainer._generate_and_score_completions output changed ({key} missing). {HINT}"
+    assert "self._calculate_rewards(inputs, prompts, completions, completion_ids_list)" in source, HINT
+
+
+def test_trainer_attributes(tiny_model_path, tokenizer, tmp_path):
+    from trl_grpo_ext import GRPOExtTrainer
+    from trl_grpo_ext.testing import tiny_dataset
+
+    from .conftest import make_config, varied_reward
+
+    trainer = GRPOExtTrainer(
+        model=str(tiny_model_path),
+        reward_funcs=varied_reward,
+        args=make_config(tmp_path),
+        train_dataset=tiny_dataset(4),
+        processing_class=tokenizer,
+    )
+    missing = [name for name in TRL_ATTRIBUTES if not hasattr(trainer, name)]
+    assert not missing, f"GRPOTrainer no longer sets {missing}. {HINT}"
+    assert "advantages" in trainer._logs, f"GRPOTrainer._logs has no 'advantages' column. {HINT}"
