@@ -3,14 +3,18 @@
 from .advantages import get_advantage, list_advantages, register_advantage
 from .batch import RolloutBatch
 from .config import GRPOExtConfig
+from .curriculum import TokenBudgetCurriculum
 from .rewards import get_reward, list_rewards, register_reward
 from .trainer import GRPOExtTrainer
+from .trainers import CurriculumGRPOTrainer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GRPOExtConfig",
     "GRPOExtTrainer",
+    "CurriculumGRPOTrainer",
+    "TokenBudgetCurriculum",
     "RolloutBatch",
     "register_reward",
     "get_reward",

@@ -31,6 +31,27 @@ class GRPOExtConfig(GRPOConfig):
         completion_prefix_column (`str`, *optional*):
             Dataset column holding text that starts each completion: the policy continues it, and it is trained as
             part of the completion (segment 0; the generated continuation is segment 1).
+
+        > Parameters of Curriculum GRPO (token budget; "Train Long, Think Short", arXiv 2508.08940)
+
+        budget_start (`int`, *optional*):
+            Token budget at the start of training. Setting it switches the curriculum on (`TokenBudgetCurriculum`):
+            `{budget}` in prompts is replaced by the current budget, reward functions get a `budget` column, and
+            `curriculum/budget` is logged. The paper: 256.
+        budget_end (`int`, *optional*, defaults to `87`):
+            Token budget after the last decay. The paper: 87.
+        budget_decays (`int`, *optional*, defaults to `3`):
+            Number of drops, at equal intervals of `total_steps / (budget_decays + 1)`. The paper: 3.
+        budget_schedule (`str`, *optional*, defaults to `"exponential"`):
+            `"exponential"` (B = start · d^k, the paper's) or `"linear"` (equal drops).
+        budget_total_steps (`int`, *optional*):
+            Steps the schedule spans; default: the run's `max_steps`.
+        budget_caps_generation (`bool`, *optional*, defaults to `False`):
+            Also cap generation at the budget (`max_completion_length` for transformers and vLLM generation).
+        budget_length_shape (`str`, *optional*, defaults to `"triangular"`):
+            Length reward of `CurriculumGRPOTrainer`: `"triangular"` (the paper's best) or `"band"`.
+        budget_length_count (`str`, *optional*, defaults to `"completion"`):
+            What the length reward counts: the whole completion, or only the `<think>` span (the paper is ambiguous).
     """
 
     advantage_estimator: str = field(
@@ -53,9 +74,45 @@ class GRPOExtConfig(GRPOConfig):
         },
     )
 
+    budget_start: int | None = field(
+        default=None,
+        metadata={"help": "Token budget at the start (switches the Curriculum GRPO token budget on). Paper: 256."},
+    )
+    budget_end: int = field(default=87, metadata={"help": "Token budget after the last decay. Paper: 87."})
+    budget_decays: int = field(default=3, metadata={"help": "Number of budget drops, at equal intervals. Paper: 3."})
+    budget_schedule: str = field(
+        default="exponential",
+        metadata={"help": "Budget schedule.", "choices": ["exponential", "linear"]},
+    )
+    budget_total_steps: int | None = field(
+        default=None, metadata={"help": "Steps the budget schedule spans (default: max_steps)."}
+    )
+    budget_caps_generation: bool = field(
+        default=False, metadata={"help": "Also cap generation (max_completion_length) at the current budget."}
+    )
+
+    budget_length_shape: str = field(
+        default="triangular",
+        metadata={"help": "Length reward of CurriculumGRPOTrainer.", "choices": ["triangular", "band"]},
+    )
+    budget_length_count: str = field(
+        default="completion",
+        metadata={"help": "What the length reward counts.", "choices": ["completion", "think"]},
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._check_advantage_estimator()
+        if self.budget_start is not None:
+            from .curriculum import check_schedule
+
+            total = self.budget_total_steps or (self.max_steps if self.max_steps > 0 else None)
+            check_schedule(start=self.budget_start, end=self.budget_end, num_decays=self.budget_decays,
+                           total_steps=total, schedule=self.budget_schedule)  # fmt: skip
+        for name, choices in (("budget_length_shape", ("triangular", "band")),
+                              ("budget_length_count", ("completion", "think"))):  # fmt: skip
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {choices}.")
         for name in ("context_prefix_column", "completion_prefix_column"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

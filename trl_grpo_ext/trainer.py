@@ -83,8 +83,54 @@ class GRPOExtTrainer(GRPOTrainer):
         )
         self._row_prefixes: RowPrefixes | None = None
         self.last_scoring: dict | None = None
+        # `{name}` in prompts is replaced by the value, and reward functions get it as a column (curriculum budget).
+        self.prompt_fields: dict[str, object] = {}
         for module in (self.model, getattr(self, "ref_model", None)):
             _disable_bnb_cpu_weight_repacking(module)
+        for reward in self.reward_funcs:
+            if getattr(reward, "wants_tokenizer", False) and getattr(reward, "tokenizer", None) is None:
+                reward.tokenizer = self._tokenizer
+        for callback in self.callback_handler.callbacks:
+            if hasattr(callback, "attach"):
+                callback.attach(self)
+        if getattr(self.args, "budget_start", None) is not None:
+            from .curriculum import TokenBudgetCurriculum
+
+            self.add_callback(
+                TokenBudgetCurriculum(
+                    budget_start=self.args.budget_start,
+                    budget_end=self.args.budget_end,
+                    budget_decays=self.args.budget_decays,
+                    schedule=self.args.budget_schedule,
+                    total_steps=self.args.budget_total_steps,
+                    cap_generation=self.args.budget_caps_generation,
+                )
+            )
+
+    def add_callback(self, callback):
+        """`Trainer.add_callback`, plus: a callback with an `attach(trainer)` method is handed this trainer."""
+        super().add_callback(callback)
+        if hasattr(callback, "attach"):
+            callback.attach(self)
+
+    def log_metric(self, name: str, value: float, mode: str = "train") -> None:
+        """Log a scalar with TRL's own metrics (averaged over each logging step, sent to `report_to`)."""
+        self._metrics[mode][name].append(float(value))
+
+    def set_generation_cap(self, max_new_tokens: int) -> None:
+        """Cap the next generations at `max_new_tokens`, everywhere TRL keeps the cap.
+
+        That is `max_completion_length` (the tool-call loop's limit, and `dr_grpo`'s loss normaliser), the
+        transformers generation config and kwargs, and the vLLM generation's `max_tokens`.
+        """
+        max_new_tokens = int(max_new_tokens)
+        self.max_completion_length = max_new_tokens
+        if getattr(self, "generation_config", None) is not None:
+            self.generation_config.max_new_tokens = max_new_tokens
+        if isinstance(getattr(self, "generation_kwargs", None), dict):
+            self.generation_kwargs["max_new_tokens"] = max_new_tokens
+        if getattr(self, "vllm_generation", None) is not None:
+            self.vllm_generation.max_completion_length = max_new_tokens
 
     # ------------------------------------------------------------------ seams
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -142,6 +188,8 @@ class GRPOExtTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         # Seam: `out = super()._generate_and_score_completions(inputs)`; `out["advantages"]` is (B,) for this process.
         # With no extension on, TRL's result is returned as it is: bit-identical and free.
+        if self.prompt_fields:
+            inputs = [self._fill_prompt_fields(row) for row in inputs]
         if not self._rewrites_advantages and self._row_prefixes is None and self._prefix_columns == (None, None):
             return super()._generate_and_score_completions(inputs)
         if self._row_prefixes is None and self._prefix_columns != (None, None):
@@ -173,6 +221,19 @@ class GRPOExtTrainer(GRPOTrainer):
         block). By default it is the group size when every group shares its prefixes, else 1.
         """
         self._row_prefixes = RowPrefixes(context_ids, completion_ids, num_generations)
+
+    def _fill_prompt_fields(self, row: dict) -> dict:
+        def fill(text: str) -> str:
+            for name, value in self.prompt_fields.items():
+                text = text.replace("{" + name + "}", str(value))
+            return text
+
+        prompt = row.get("prompt")
+        if isinstance(prompt, str):
+            prompt = fill(prompt)
+        elif isinstance(prompt, list):
+            prompt = [_fill_message(message, fill) for message in prompt]
+        return {**row, **self.prompt_fields, "prompt": prompt}
 
     def _prefixes_from_columns(self, inputs: list[dict]) -> dict:
         mode = "train" if self.model.training else "eval"
@@ -267,6 +328,16 @@ class GRPOExtTrainer(GRPOTrainer):
         for _ in range(min(len(gathered), len(table))):
             table.pop()
         table.extend(gathered)
+
+
+def _fill_message(message: dict, fill) -> dict:
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": fill(content)}
+    if isinstance(content, list):
+        parts = [{**p, "text": fill(p["text"])} if isinstance(p.get("text"), str) else p for p in content]
+        return {**message, "content": parts}
+    return message
 
 
 def _as_list(ids) -> list[int]:

@@ -24,6 +24,7 @@ from trl.rewards import (
 
 from ..registry import Registry
 from .format import completion_text, contains_solution_reward, tag_format_reward
+from .length import BudgetLengthReward
 
 REWARDS = Registry("reward")
 
@@ -52,5 +53,6 @@ register_reward("repetition_penalty", get_repetition_penalty_reward, factory=Tru
 # Ours.
 register_reward("tag_format", tag_format_reward, factory=True)
 register_reward("contains_solution", contains_solution_reward)
+register_reward("budget_length", BudgetLengthReward, factory=True)
 
-__all__ = ["REWARDS", "register_reward", "get_reward", "list_rewards", "completion_text", "contains_solution_reward", "tag_format_reward"]
+__all__ = ["REWARDS", "register_reward", "get_reward", "list_rewards", "completion_text", "contains_solution_reward", "tag_format_reward", "BudgetLengthReward"]
