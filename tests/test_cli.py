@@ -28,3 +28,14 @@ def test_usage_and_unknown_command(capsys):
     assert main(["--help"]) == 0
     assert main(["fly"]) == 2
     assert "unknown command 'fly'" in capsys.readouterr().err
+
+
+def test_curriculum_recipe_runs_tiny(tmp_path, capsys):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "curriculum_grpo.yaml"
+    argv = ["train", "--config", str(recipe), "--tiny", "--max_steps", "4", "--budget_start", "24",
+            "--budget_end", "6", "--max_completion_length", "24", "--logging_steps", "1",
+            "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    assert main(argv) == 0
+    assert "Trained 4 steps" in capsys.readouterr().out

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import json
+
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -27,3 +29,19 @@ def test_example_runs_tiny(script, extra, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"saved to {tmp_path / 'out'}" in result.stdout
+
+
+def test_curriculum_example_length_follows_the_budget(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "curriculum_grpo.py"), "--tiny", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((out / "budget_vs_length.json").read_text())
+    assert [r["budget"] for r in rows] == [24] * 4 + [15] * 4 + [10] * 4 + [6] * 4
+    assert all(r["mean_length"] <= r["budget"] for r in rows)  # the cap follows the budget
+    assert (out / "budget_vs_length.png").stat().st_size > 10_000

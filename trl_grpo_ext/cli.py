@@ -35,7 +35,8 @@ class TrainScriptArguments:
         metadata={"help": "Hub model id or local path. Unset: the tiny offline model (the quickstart)."},
     )
     tiny: bool = field(
-        default=False, metadata={"help": "Train the tiny offline model whatever model_name_or_path says."}
+        default=False,
+        metadata={"help": "Offline: the tiny model and the built-in dataset, whatever model and dataset are named."},
     )
     dataset_name: str | None = field(
         default=None,
@@ -47,6 +48,10 @@ class TrainScriptArguments:
     reward_funcs: list[str] = field(
         default_factory=lambda: ["tag_format", "accuracy", "contains_solution"],
         metadata={"help": "Reward registry names or dotted import paths; see `trl_grpo_ext.list_rewards()`."},
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "System message for every prompt (replaces the dataset's own); may use {budget}."},
     )
     cache_dir: str | None = field(
         default=None, metadata={"help": "Where the tiny model is built (default: ~/.cache/trl_grpo_ext)."}
@@ -91,7 +96,7 @@ def train(argv: list[str]) -> Path:
         processing_class = PreTrainedTokenizerFast.from_pretrained(model)
     else:
         model = script_args.model_name_or_path
-    train_dataset = _load_dataset(script_args)
+    train_dataset = _load_dataset(script_args, builtin=quickstart)
 
     trainer = GRPOExtTrainer(
         model=model,
@@ -111,19 +116,31 @@ def train(argv: list[str]) -> Path:
     return out
 
 
-def _load_dataset(script_args: TrainScriptArguments):
-    if script_args.dataset_name is None:
+def _load_dataset(script_args: TrainScriptArguments, builtin: bool):
+    if builtin or script_args.dataset_name is None:
         from .testing import tiny_dataset
 
-        return tiny_dataset(64)
-    from datasets import load_dataset
+        dataset = tiny_dataset(64)
+    else:
+        from datasets import load_dataset
 
-    return load_dataset(
-        script_args.dataset_name,
-        script_args.dataset_config,
-        data_files=script_args.data_files,
-        split=script_args.dataset_train_split,
-    )
+        dataset = load_dataset(
+            script_args.dataset_name,
+            script_args.dataset_config,
+            data_files=script_args.data_files,
+            split=script_args.dataset_train_split,
+        )
+    if script_args.system_prompt is not None:
+        dataset = dataset.map(lambda row: {"prompt": with_system_prompt(row["prompt"], script_args.system_prompt)})
+    return dataset
+
+
+def with_system_prompt(prompt, system: str):
+    """`prompt` with `system` as its system message (conversational) or first line (standard)."""
+    if isinstance(prompt, str):
+        return f"{system}\n{prompt}"
+    rest = [m for m in prompt if m.get("role") != "system"]
+    return [{"role": "system", "content": system}, *rest]
 
 
 USAGE = """usage: trl-grpo-ext COMMAND [ARGS]
