@@ -2,11 +2,12 @@
 
 from .advantages import get_advantage, list_advantages, register_advantage
 from .batch import RolloutBatch
-from .config import GRPOExtConfig
+from .callbacks import ProRLResetCallback
+from .config import GRPOExtConfig, ProRLConfig
 from .curriculum import TokenBudgetCurriculum
 from .rewards import get_reward, list_rewards, register_reward
 from .trainer import GRPOExtTrainer
-from .trainers import CurriculumGRPOTrainer
+from .trainers import CurriculumGRPOTrainer, ProRLTrainer
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,9 @@ __all__ = [
     "GRPOExtTrainer",
     "CurriculumGRPOTrainer",
     "TokenBudgetCurriculum",
+    "ProRLConfig",
+    "ProRLTrainer",
+    "ProRLResetCallback",
     "RolloutBatch",
     "register_reward",
     "get_reward",

@@ -52,6 +52,16 @@ class GRPOExtConfig(GRPOConfig):
             Length reward of `CurriculumGRPOTrainer`: `"triangular"` (the paper's best) or `"band"`.
         budget_length_count (`str`, *optional*, defaults to `"completion"`):
             What the length reward counts: the whole completion, or only the `<think>` span (the paper is ambiguous).
+
+        > Parameters of dynamic sampling (DAPO, arXiv 2503.14476; used by ProRL)
+
+        dynamic_sampling (`bool`, *optional*, defaults to `False`):
+            Drop from the loss the groups whose rewards all agree (zero variance: zero advantage, no signal). Logs
+            `dynamic_sampling/kept_fraction`. TRL has no such option (huggingface/trl#3708).
+        dynamic_sampling_max_rounds (`int`, *optional*, defaults to `0`):
+            Before dropping, refill the batch: up to this many extra generation rounds on fresh prompts drawn from
+            the training set, replacing zero-variance groups with varied ones. 0 only drops. When the rounds run out,
+            the rest is dropped with a warning. Needs whole groups on each process.
     """
 
     advantage_estimator: str = field(
@@ -100,9 +110,18 @@ class GRPOExtConfig(GRPOConfig):
         metadata={"help": "What the length reward counts.", "choices": ["completion", "think"]},
     )
 
+    dynamic_sampling: bool = field(
+        default=False, metadata={"help": "Drop zero-reward-variance groups from the loss (DAPO dynamic sampling)."}
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=0,
+        metadata={"help": "Extra generation rounds that refill dropped groups with fresh prompts (0: only drop)."},
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._check_advantage_estimator()
+        self._check_dynamic_sampling()
         if self.budget_start is not None:
             from .curriculum import check_schedule
 
@@ -140,3 +159,47 @@ class GRPOExtConfig(GRPOConfig):
                 "register yours with `trl_grpo_ext.register_advantage` before building the config, or give its dotted "
                 "import path (e.g. 'my_package.my_estimator')."
             )
+
+    def _check_dynamic_sampling(self):
+        rounds = self.dynamic_sampling_max_rounds
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"dynamic_sampling_max_rounds={rounds!r} must be a whole number >= 0 (0: drop only).")
+        if rounds > 0 and not self.dynamic_sampling:
+            raise ValueError(
+                f"dynamic_sampling_max_rounds={rounds} refills dropped groups, but dynamic_sampling=False; set "
+                "dynamic_sampling=True, or dynamic_sampling_max_rounds=0."
+            )
+        local_rows = self.per_device_train_batch_size * (self.steps_per_generation or 1)
+        if rounds > 0 and local_rows % self.num_generations != 0:
+            raise ValueError(
+                f"dynamic_sampling_max_rounds={rounds} replaces whole groups on each process, but each process holds "
+                f"per_device_train_batch_size * steps_per_generation = {local_rows} rows, not a multiple of "
+                f"num_generations={self.num_generations}; make it a multiple, or set dynamic_sampling_max_rounds=0."
+            )
+
+
+@dataclass
+class ProRLConfig(GRPOExtConfig):
+    r"""`GRPOExtConfig` with ProRL's recipe as defaults (arXiv 2505.24864, §3; NVIDIA's DeepSeek-R1-Distill-Qwen-1.5B
+    run). Every field can still be set.
+
+    Defaults that differ from `GRPOExtConfig`:
+        epsilon (0.2) and epsilon_high (0.4): decoupled clipping ("clip-higher", from DAPO).
+        beta (1e-4): a small KL penalty, kept so that reference resets have something to reset.
+        temperature (1.2): high rollout temperature, for diverse samples over a long run.
+        num_generations (16) and per_device_train_batch_size (16): 16 rollouts a prompt.
+        learning_rate (2e-6) with lr_scheduler_type ("constant").
+        loss_type ("dapo"): token-level normalisation.
+        dynamic_sampling (True): groups whose rollouts all succeed or all fail are dropped.
+    """
+
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping bound. ProRL: 0.2."})
+    epsilon_high: float | None = field(default=0.4, metadata={"help": "Upper clipping bound. ProRL: 0.4."})
+    beta: float = field(default=1e-4, metadata={"help": "KL coefficient: small, as in ProRL."})
+    temperature: float = field(default=1.2, metadata={"help": "Rollout temperature. ProRL: 1.2."})
+    num_generations: int | None = field(default=16, metadata={"help": "Rollouts per prompt. ProRL: 16."})
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "Rows per device and step."})
+    learning_rate: float = field(default=2e-6, metadata={"help": "Constant learning rate. ProRL: 2e-6."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "ProRL keeps the learning rate constant."})
+    loss_type: str = field(default="dapo", metadata={"help": "Loss normalisation. ProRL: token-level (dapo)."})
+    dynamic_sampling: bool = field(default=True, metadata={"help": "Drop zero-variance groups. ProRL: on."})

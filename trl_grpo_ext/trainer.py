@@ -12,21 +12,29 @@ Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
 - `_tokenize_prompts(prompts) -> (prompt_ids, images, multimodal_fields)`: per-row context prefixes join the prompt.
 - `_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, ...) -> (completion_ids,
   logprobs)`: per-row completion prefixes; it serves transformers, continuous-batching and vLLM generation alike.
+- `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: our state (resets, callbacks'
+  counters, a reset reference) is saved beside TRL's in each checkpoint and restored on `resume_from_checkpoint`.
+- `ref_model` (full fine-tuning) and the PEFT adapter named "ref" (LoRA), which TRL uses as the reference policy
+  when present: overwritten by reference resets.
 
 `tests/test_trl_compat.py` checks every seam named here and fails, naming it, when TRL renames or reshapes one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from .advantages import get_advantage, trl_group
 from .batch import RolloutBatch
 from .rewards import REWARDS, get_reward
+from .sampling import splice_rows, varied_groups
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +44,8 @@ TRL_SEAMS = {
     "_generate_and_score_completions": ["self", "inputs"],
     "_tokenize_prompts": ["self", "prompts"],
     "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
+    "_save_checkpoint": ["self", "model", "trial"],
+    "_load_optimizer_and_scheduler": ["self", "checkpoint"],
 }
 # Trainer attributes read here (set by GRPOTrainer.__init__).
 TRL_ATTRIBUTES = ["reward_weights", "reward_func_names", "num_generations", "num_generations_eval", "_logs", "_tokenizer"]
@@ -87,9 +97,14 @@ class GRPOExtTrainer(GRPOTrainer):
         self.prompt_fields: dict[str, object] = {}
         for module in (self.model, getattr(self, "ref_model", None)):
             _disable_bnb_cpu_weight_repacking(module)
+        # Rewards that need the policy's tokenizer or stop tokens declare the attribute and leave it None.
         for reward in self.reward_funcs:
-            if getattr(reward, "wants_tokenizer", False) and getattr(reward, "tokenizer", None) is None:
-                reward.tokenizer = self._tokenizer
+            for attribute, value in (("tokenizer", self._tokenizer), ("eos_token_ids", self.eos_token_ids)):
+                if hasattr(reward, attribute) and getattr(reward, attribute) is None:
+                    setattr(reward, attribute, value)
+        self.reset_history: list[dict] = []  # applied reference / optimizer resets (ProRL)
+        self._pending_reset: dict | None = None
+        self._refill_generator: torch.Generator | None = None
         for callback in self.callback_handler.callbacks:
             if hasattr(callback, "attach"):
                 callback.attach(self)
@@ -187,6 +202,17 @@ class GRPOExtTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         # Seam: `out = super()._generate_and_score_completions(inputs)`; `out["advantages"]` is (B,) for this process.
+        # It runs once per generation batch, before that batch's loss: resets requested since the last batch apply
+        # here, so a batch is never generated under one reference and scored against another.
+        training = self.model.training
+        if training and self._pending_reset is not None:
+            self._apply_pending_reset()
+        out = self._score_batch(inputs)
+        if training and getattr(self.args, "dynamic_sampling", False):
+            out = self._dynamic_sampling(out)
+        return out
+
+    def _score_batch(self, inputs):
         # With no extension on, TRL's result is returned as it is: bit-identical and free.
         if self.prompt_fields:
             inputs = [self._fill_prompt_fields(row) for row in inputs]
@@ -328,6 +354,211 @@ class GRPOExtTrainer(GRPOTrainer):
         for _ in range(min(len(gathered), len(table))):
             table.pop()
         table.extend(gathered)
+
+
+    # ------------------------------------------------------------------ dynamic sampling (DAPO)
+    def _local_varied_rows(self) -> torch.Tensor:
+        """(B,) bool: this process's rows whose group (over all processes) has rewards that vary."""
+        rewards_per_func = self.last_scoring["rewards_per_func"]  # (N, F), all processes
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        rows = varied_groups(rewards, self.num_generations).repeat_interleave(self.num_generations)  # (N,)
+        local = len(self.last_scoring["prompts"])
+        index = self.accelerator.process_index
+        return rows[index * local : (index + 1) * local].clone()
+
+    def _dynamic_sampling(self, out: dict) -> dict:
+        """Drop zero-variance groups from the loss; first, if asked, refill them with fresh groups (bounded)."""
+        group = self.num_generations
+        keep = self._local_varied_rows().to(out["completion_mask"].device)  # (B,)
+        kept_groups = self.accelerator.gather(keep.float().sum()).sum().item() / group
+        total_groups = self.accelerator.gather(torch.tensor(float(keep.numel()), device=keep.device)).sum().item() / group
+        self.log_metric("dynamic_sampling/kept_fraction", kept_groups / total_groups)
+        max_rounds = self.args.dynamic_sampling_max_rounds
+        rounds = 0
+        while rounds < max_rounds:
+            # Every process runs the same number of rounds (generation and scoring gather across processes).
+            need = int(self.accelerator.gather(((~keep).sum() // group).reshape(1)).max().item())
+            if need == 0:
+                break
+            rounds += 1
+            extra = self._score_batch(self._draw_groups(need))
+            fresh = self._local_varied_rows()
+            dropped = [g for g in range(keep.numel() // group) if not keep[g * group]]
+            usable = [g for g in range(need) if fresh[g * group]]
+            replace = {d * group + j: u * group + j for d, u in zip(dropped, usable) for j in range(group)}
+            if replace:
+                out = splice_rows(out, extra, replace, self._pad_values(), left_padded={"prompt_ids", "prompt_mask"})
+                keep[list(replace)] = True
+        remaining = int(self.accelerator.gather((~keep).sum().reshape(1)).sum().item()) // group
+        if max_rounds > 0:
+            self.log_metric("dynamic_sampling/refill_rounds", rounds)
+            if remaining:
+                logger.warning(
+                    f"dynamic sampling: {remaining} group(s) still have zero reward variance after "
+                    f"dynamic_sampling_max_rounds={max_rounds} refill round(s); they are dropped from this step's "
+                    "loss. Raise dynamic_sampling_max_rounds, or check that the rewards can vary within a group."
+                )
+        self.log_metric("dynamic_sampling/final_kept_fraction", 1.0 - remaining / total_groups)
+        dropped_rows = ~keep
+        out["advantages"] = out["advantages"].clone()
+        out["advantages"][dropped_rows] = 0.0
+        tool_mask = out.get("tool_mask")
+        tool_mask = torch.ones_like(out["completion_mask"]) if tool_mask is None else tool_mask.clone()
+        tool_mask[dropped_rows] = 0
+        out["tool_mask"] = tool_mask
+        out["num_items_in_batch"] = self.accelerator.gather((out["completion_mask"] * tool_mask).sum()).sum()
+        return out
+
+    def _draw_groups(self, num_groups: int) -> list[dict]:
+        """`num_groups` prompts drawn at random from the training set, each repeated for a whole group."""
+        dataset = self.train_dataset
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise ValueError(
+                "dynamic_sampling_max_rounds > 0 draws fresh prompts from train_dataset, which must then be a map-style "
+                "dataset (an IterableDataset cannot be indexed); set dynamic_sampling_max_rounds=0 to only drop groups."
+            )
+        if self._refill_generator is None:
+            # Its own generator: refills must not shift the global RNG that generation and shuffling draw from.
+            self._refill_generator = torch.Generator().manual_seed(self.args.seed + 7919 * self.accelerator.process_index)
+        indices = torch.randint(len(dataset), (num_groups,), generator=self._refill_generator).tolist()
+        return [dict(dataset[i]) for i in indices for _ in range(self.num_generations)]
+
+    def _pad_values(self) -> dict[str, float]:
+        pad = self._tokenizer.pad_token_id
+        return {"prompt_ids": pad, "completion_ids": pad, "tool_mask": 1, "segment_ids": -1}
+
+    # ------------------------------------------------------------------ reference and optimizer resets (ProRL)
+    def request_reset(self, reference: bool = True, optimizer: bool = False, reason: str = "") -> None:
+        """Reset the reference policy to the current policy and/or clear the optimizer state, at the next generation
+        batch (never between a batch's generation and its loss). Requests before then merge."""
+        if reference and self.beta == 0.0:
+            raise ValueError(
+                "a reference reset was requested, but beta=0.0: TRL then keeps no reference policy. Set beta > 0 "
+                "(ProRL uses a small KL penalty), or reset only the optimizer."
+            )
+        pending = self._pending_reset or {"reference": False, "optimizer": False, "reasons": []}
+        pending["reference"] |= reference
+        pending["optimizer"] |= optimizer
+        pending["reasons"].append(reason)
+        self._pending_reset = pending
+
+    @property
+    def reset_pending(self) -> bool:
+        return self._pending_reset is not None
+
+    def _apply_pending_reset(self) -> None:
+        pending, self._pending_reset = self._pending_reset, None
+        if pending["reference"]:
+            self.reset_reference()
+        if pending["optimizer"]:
+            self.reset_optimizer_state()
+        record = {
+            "step": self.state.global_step,
+            "reference": pending["reference"],
+            "optimizer": pending["optimizer"],
+            "reason": "; ".join(r for r in pending["reasons"] if r),
+        }
+        self.reset_history.append(record)
+        logger.info(f"reset at step {record['step']}: {record}")
+
+    def reset_reference(self) -> None:
+        """Make the reference policy a frozen copy of the current policy, now.
+
+        Full fine-tuning: the reference model's weights are overwritten. LoRA: the frozen adapter "ref", which TRL
+        uses as the reference when present, becomes a copy of the trained adapter (it is added the first time); no
+        base weight moves, 4-bit bases included.
+        """
+        from peft import PeftModel
+
+        if self.is_fsdp_enabled or (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3):
+            raise NotImplementedError("reference resets with sharded parameters (FSDP, ZeRO-3) are not supported yet.")
+        model = self.accelerator.unwrap_model(self.model)
+        if isinstance(model, PeftModel):
+            active = model.active_adapter
+            if "ref" not in model.peft_config:
+                model.add_adapter("ref", model.peft_config[active])
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if f".{active}." in name:
+                        model.get_parameter(name.replace(f".{active}.", ".ref.")).copy_(param)
+            for name, param in model.named_parameters():
+                if ".ref." in name:
+                    param.requires_grad_(False)
+        elif self.ref_model is not None:
+            self.accelerator.unwrap_model(self.ref_model).load_state_dict(model.state_dict())
+        else:
+            raise ValueError("this trainer has no reference policy to reset (beta=0.0?).")
+
+    def reset_optimizer_state(self) -> None:
+        """Clear the optimizer's state (Adam moments and step counts); it is rebuilt at the next optimizer step."""
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate wraps the torch optimizer
+        if optimizer is None:
+            return
+        optimizer.state.clear()
+
+    def _reference_tensors(self) -> dict[str, torch.Tensor]:
+        from peft import PeftModel
+
+        model = self.accelerator.unwrap_model(self.model)
+        if isinstance(model, PeftModel):
+            return {n: p.detach().cpu() for n, p in model.named_parameters() if ".ref." in n}
+        return {k: v.detach().cpu() for k, v in self.accelerator.unwrap_model(self.ref_model).state_dict().items()}
+
+    def _load_reference_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        from peft import PeftModel
+
+        model = self.accelerator.unwrap_model(self.model)
+        if isinstance(model, PeftModel):
+            if "ref" not in model.peft_config:
+                model.add_adapter("ref", model.peft_config[model.active_adapter])
+            with torch.no_grad():
+                for name, value in tensors.items():
+                    param = model.get_parameter(name)
+                    param.copy_(value.to(param.device))
+                    param.requires_grad_(False)
+        else:
+            self.accelerator.unwrap_model(self.ref_model).load_state_dict(tensors)
+
+    # ------------------------------------------------------------------ checkpoints
+    STATE_FILE = "trl_grpo_ext_state.json"
+    REFERENCE_FILE = "trl_grpo_ext_reference.pt"
+
+    def _save_checkpoint(self, model, trial):
+        # Seam: GRPOTrainer._save_checkpoint(model, trial) saves into `<output_dir>/checkpoint-<global_step>`; TRL
+        # keeps its own extra state there the same way (entropy_ctrl_state.json).
+        super()._save_checkpoint(model, trial)
+        if not self.args.should_save:
+            return
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        state = {
+            "reset_history": self.reset_history,
+            "pending_reset": self._pending_reset,
+            "callbacks": {type(cb).__name__: cb.state_dict() for cb in self._stateful_callbacks()},
+        }
+        with open(os.path.join(folder, self.STATE_FILE), "w") as f:
+            json.dump(state, f, indent=2)
+        if any(r["reference"] for r in self.reset_history):
+            torch.save(self._reference_tensors(), os.path.join(folder, self.REFERENCE_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # Seam: called with the checkpoint folder on `resume_from_checkpoint`, after the model is prepared.
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or not os.path.exists(os.path.join(checkpoint, self.STATE_FILE)):
+            return
+        with open(os.path.join(checkpoint, self.STATE_FILE)) as f:
+            state = json.load(f)
+        self.reset_history = state["reset_history"]
+        self._pending_reset = state["pending_reset"]
+        for callback in self._stateful_callbacks():
+            if type(callback).__name__ in state["callbacks"]:
+                callback.load_state_dict(state["callbacks"][type(callback).__name__])
+        reference = os.path.join(checkpoint, self.REFERENCE_FILE)
+        if os.path.exists(reference):
+            self._load_reference_tensors(torch.load(reference, weights_only=True))
+
+    def _stateful_callbacks(self) -> list:
+        return [cb for cb in self.callback_handler.callbacks if hasattr(cb, "state_dict") and hasattr(cb, "load_state_dict")]
 
 
 def _fill_message(message: dict, fill) -> dict:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .config import GRPOExtConfig
+from .callbacks import ProRLResetCallback
+from .config import GRPOExtConfig, ProRLConfig
 from .curriculum import check_schedule
 from .rewards import get_reward
 from .trainer import GRPOExtTrainer
@@ -37,3 +38,24 @@ class CurriculumGRPOTrainer(GRPOExtTrainer):
             if args.reward_weights is None:
                 args.reward_weights = list(self.PAPER_REWARD_WEIGHTS)
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
+
+
+class ProRLTrainer(GRPOExtTrainer):
+    """ProRL ("Prolonged Reinforcement Learning Expands Reasoning Boundaries", arXiv 2505.24864).
+
+    The recipe comes from `ProRLConfig`'s defaults (decoupled clip 0.2 / 0.4, small KL, temperature 1.2, 16
+    rollouts, constant lr 2e-6, dapo loss, dynamic sampling); every one can be overridden there. Unless `callbacks`
+    already hold a `ProRLResetCallback`, the v2 reset schedule is added (reference reset every 300 steps); pass
+    `prorl_resets=False` to train without resets. Without `reward_funcs`: `accuracy` plus the stop-properly penalty.
+    """
+
+    def __init__(self, model, reward_funcs=None, args: GRPOExtConfig | None = None, *pos, prorl_resets: bool = True,
+                 **kwargs):  # fmt: skip
+        if args is None:
+            args = ProRLConfig(output_dir="ProRL")
+        if reward_funcs is None:
+            reward_funcs = [get_reward("accuracy"), get_reward("stop_penalty")]
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        has_resets = any(isinstance(cb, ProRLResetCallback) for cb in self.callback_handler.callbacks)
+        if prorl_resets and not has_resets:
+            self.add_callback(ProRLResetCallback.v2())

@@ -30,7 +30,6 @@ class BudgetLengthReward:
         self.shape, self.count, self.r_max, self.width = shape, count, float(r_max), float(width)
         # With count="think" the think span is re-tokenised; our trainers fill this in with their tokenizer.
         self.tokenizer = tokenizer
-        self.wants_tokenizer = count == "think"
         self.__name__ = f"budget_length_{shape}" + ("_think" if count == "think" else "")
 
     def length(self, completion, ids) -> int:
