@@ -502,8 +502,9 @@ class GRPOExtTrainer(GRPOTrainer):
 
         model = self.accelerator.unwrap_model(self.model)
         if isinstance(model, PeftModel):
-            return {n: p.detach().cpu() for n, p in model.named_parameters() if ".ref." in n}
-        return {k: v.detach().cpu() for k, v in self.accelerator.unwrap_model(self.ref_model).state_dict().items()}
+            return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if ".ref." in n}
+        ref = self.accelerator.unwrap_model(self.ref_model)
+        return {k: v.detach().cpu().clone() for k, v in ref.state_dict().items()}
 
     def _load_reference_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         from peft import PeftModel
