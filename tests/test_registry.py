@@ -104,3 +104,36 @@ def test_unknown_estimator_fails_before_the_model_loads(tmp_path):
 
     with pytest.raises(ValueError, match="advantage_estimator='nope' is not a registered estimator. Known: group"):
         make_config(tmp_path, advantage_estimator="nope")
+
+
+def test_misspelt_reward_name_fails_in_the_trainer_not_on_the_hub(tiny_model_path, tokenizer, tmp_path):
+    from trl_grpo_ext import GRPOExtTrainer
+    from trl_grpo_ext.testing import tiny_dataset
+
+    from .conftest import make_config
+
+    with pytest.raises(KeyError, match="unknown reward 'acuracy'. Known rewards: accuracy"):
+        GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=["acuracy"], args=make_config(tmp_path),
+                       train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip
+
+
+def _closure_estimator():
+    def estimator(batch):
+        return batch.advantages
+
+    return estimator
+
+
+def test_callable_estimator_checkpoints(tiny_model_path, tokenizer, tmp_path):
+    from trl_grpo_ext import GRPOExtTrainer
+    from trl_grpo_ext.testing import tiny_dataset
+
+    from .conftest import make_config, varied_reward
+
+    args = make_config(tmp_path, advantage_estimator=_closure_estimator(), max_steps=1, save_strategy="steps",
+                       save_steps=1)  # fmt: skip
+    trainer = GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=varied_reward, args=args,
+                             train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip
+    trainer.train()  # saving a checkpoint pickles the config: a closure there would fail
+    assert (tmp_path / "out" / "checkpoint-1" / "training_args.bin").exists()
+    assert trainer.args.advantage_estimator == "tests.test_registry._closure_estimator.<locals>.estimator"

@@ -48,7 +48,11 @@ TRL_SEAMS = {
     "_load_optimizer_and_scheduler": ["self", "checkpoint"],
 }
 # Trainer attributes read here (set by GRPOTrainer.__init__).
-TRL_ATTRIBUTES = ["reward_weights", "reward_func_names", "num_generations", "num_generations_eval", "_logs", "_tokenizer"]
+TRL_ATTRIBUTES = [
+    "reward_weights", "reward_func_names", "reward_funcs", "num_generations", "num_generations_eval", "_logs",
+    "_metrics", "_tokenizer", "eos_token_ids", "max_completion_length", "beta", "ref_model", "generation_config",
+    "generation_kwargs", "_get_output_dir",
+]  # fmt: skip
 
 
 @dataclass
@@ -83,6 +87,9 @@ class GRPOExtTrainer(GRPOTrainer):
         # Resolve our names before TRL loads any model, so that a typo fails in a second, not after a download.
         estimator_name = getattr(args, "advantage_estimator", "group")
         estimator = get_advantage(estimator_name)
+        if callable(estimator_name):
+            # The config is pickled into every checkpoint (training_args.bin); a closure would not pickle.
+            args.advantage_estimator = f"{estimator_name.__module__}.{estimator_name.__qualname__}"
         reward_funcs = _resolve_rewards(reward_funcs)
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
         self.advantage_estimator = estimator
@@ -244,7 +251,8 @@ class GRPOExtTrainer(GRPOTrainer):
         `context_ids` join the prompt (generated after, not trained); `completion_ids` start the completion (the
         policy continues them and they are trained). `num_generations` is the block size the generation backend
         sees: rows in a block must share their prompt and prefixes (vLLM server mode generates `n` completions per
-        block). By default it is the group size when every group shares its prefixes, else 1.
+        block). By default it is the group size: pass 1 when the rows of a group have different prefixes. (The
+        dataset-column path chooses for you.) Dynamic-sampling refills draw new prompts and do not get these.
         """
         self._row_prefixes = RowPrefixes(context_ids, completion_ids, num_generations)
 
@@ -584,8 +592,10 @@ def _resolve_rewards(reward_funcs):
     for item in items:
         if isinstance(item, str) and (item in REWARDS.names() or ("." in item and "/" not in item)):
             resolved.append(get_reward(item))
+        elif isinstance(item, str) and "/" not in item and not os.path.isdir(item):
+            get_reward(item)  # neither a registered name nor a reward model: raises with the known names
         else:
-            resolved.append(item)  # a callable, or a string TRL reads as a reward-model id
+            resolved.append(item)  # a callable, or a string TRL reads as a reward-model id (Hub id or folder)
     return resolved
 
 
