@@ -45,3 +45,17 @@ def test_curriculum_example_length_follows_the_budget(tmp_path):
     assert [r["budget"] for r in rows] == [24] * 4 + [15] * 4 + [10] * 4 + [6] * 4
     assert all(r["mean_length"] <= r["budget"] for r in rows)  # the cap follows the budget
     assert (out / "budget_vs_length.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("extra, expected", [([], "reset at step 3: reference=True optimizer=False (every 3 steps)"),
+                                             (["--preset", "v1", "--lora"], "reference=True optimizer=True (eval_reward did not improve")])  # fmt: skip
+def test_prorl_example_resets(tmp_path, extra, expected):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "prorl.py"), "--tiny", "--output-dir", str(tmp_path / "out"), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert expected in result.stdout
