@@ -3,11 +3,11 @@
 from .advantages import get_advantage, list_advantages, register_advantage
 from .batch import RolloutBatch
 from .callbacks import ProRLResetCallback
-from .config import GRPOExtConfig, ProRLConfig
+from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
 from .curriculum import TokenBudgetCurriculum
 from .rewards import get_reward, list_rewards, register_reward
 from .trainer import GRPOExtTrainer
-from .trainers import CurriculumGRPOTrainer, ProRLTrainer
+from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer
 
 __version__ = "0.1.0"
 
@@ -19,6 +19,8 @@ __all__ = [
     "ProRLConfig",
     "ProRLTrainer",
     "ProRLResetCallback",
+    "PTAGRPOConfig",
+    "PTAGRPOTrainer",
     "RolloutBatch",
     "register_reward",
     "get_reward",

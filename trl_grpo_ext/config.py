@@ -62,6 +62,25 @@ class GRPOExtConfig(GRPOConfig):
             Before dropping, refill the batch: up to this many extra generation rounds on fresh prompts drawn from
             the training set, replacing zero-variance groups with varied ones. 0 only drops. When the rounds run out,
             the rest is dropped with a warning. Needs whole groups on each process.
+
+        > Parameters of PTA-GRPO (plan, then act; arXiv 2510.01833)
+
+        num_plans (`int`, *optional*):
+            m, plans generated per prompt (the paper: 3). Setting it (with `continuations_per_plan`) describes the
+            rollout tree of `PTAGRPOTrainer`; m · z must equal `num_generations`.
+        continuations_per_plan (`int`, *optional*):
+            z, continuations generated from each plan (the paper: 3). Each plan is generated once and shared, token
+            for token, by its z rows.
+        plan_tag (`str`, *optional*, defaults to `"plan"`):
+            The plan is generated up to the closing `</plan_tag>`.
+        plan_max_tokens (`int`, *optional*):
+            Generation cap of the plan stage (default: `max_completion_length`). A plan that does not close within
+            it is kept whole as the plan, and fails the format reward.
+        plan_value_normalize (`bool`, *optional*, defaults to `False`):
+            Standardise plan values across the m plans of a prompt (the paper does not say; off keeps r_plan in
+            [0, 1]).
+        pta_outcome_reward (`str`, *optional*, defaults to `"accuracy"`):
+            Registry name or import path of the correctness reward behind r_outcome and r_plan.
     """
 
     advantage_estimator: str = field(
@@ -118,8 +137,24 @@ class GRPOExtConfig(GRPOConfig):
         metadata={"help": "Extra generation rounds that refill dropped groups with fresh prompts (0: only drop)."},
     )
 
+    num_plans: int | None = field(default=None, metadata={"help": "PTA-GRPO: plans per prompt (m). Paper: 3."})
+    continuations_per_plan: int | None = field(
+        default=None, metadata={"help": "PTA-GRPO: continuations per plan (z); m * z = num_generations. Paper: 3."}
+    )
+    plan_tag: str = field(default="plan", metadata={"help": "PTA-GRPO: the plan is generated up to </plan_tag>."})
+    plan_max_tokens: int | None = field(
+        default=None, metadata={"help": "PTA-GRPO: generation cap of the plan stage (default: max_completion_length)."}
+    )
+    plan_value_normalize: bool = field(
+        default=False, metadata={"help": "PTA-GRPO: standardise plan values across the m plans of a prompt."}
+    )
+    pta_outcome_reward: str = field(
+        default="accuracy", metadata={"help": "PTA-GRPO: correctness reward (registry name or import path)."}
+    )
+
     def __post_init__(self):
         super().__post_init__()
+        self._check_pta()
         self._check_advantage_estimator()
         self._check_dynamic_sampling()
         if self.budget_start is not None:
@@ -159,6 +194,23 @@ class GRPOExtConfig(GRPOConfig):
                 "register yours with `trl_grpo_ext.register_advantage` before building the config, or give its dotted "
                 "import path (e.g. 'my_package.my_estimator')."
             )
+
+    def _check_pta(self):
+        m, z = self.num_plans, self.continuations_per_plan
+        if m is None and z is None:
+            return
+        for name, value in (("num_plans", m), ("continuations_per_plan", z)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a whole number >= 1 (the paper uses 3); set both or neither.")
+        if m * z != self.num_generations:
+            raise ValueError(
+                f"num_plans * continuations_per_plan ({m}*{z}={m * z}) must equal num_generations "
+                f"({self.num_generations}); e.g. set num_generations={m * z}."
+            )
+        if self.plan_max_tokens is not None and self.plan_max_tokens < 1:
+            raise ValueError(f"plan_max_tokens={self.plan_max_tokens} must be >= 1, or None for max_completion_length.")
+        if not self.plan_tag or not self.plan_tag.replace("_", "").isalnum():
+            raise ValueError(f"plan_tag={self.plan_tag!r} must be a bare tag name such as 'plan'.")
 
     def _check_dynamic_sampling(self):
         rounds = self.dynamic_sampling_max_rounds
@@ -203,3 +255,14 @@ class ProRLConfig(GRPOExtConfig):
     lr_scheduler_type: str = field(default="constant", metadata={"help": "ProRL keeps the learning rate constant."})
     loss_type: str = field(default="dapo", metadata={"help": "Loss normalisation. ProRL: token-level (dapo)."})
     dynamic_sampling: bool = field(default=True, metadata={"help": "Drop zero-variance groups. ProRL: on."})
+
+
+@dataclass
+class PTAGRPOConfig(GRPOExtConfig):
+    r"""`GRPOExtConfig` with PTA-GRPO's rollout tree as defaults (arXiv 2510.01833, §4: m = 3 plans, z = 3
+    continuations each, one group of 9). Every field can still be set."""
+
+    num_plans: int | None = field(default=3, metadata={"help": "Plans per prompt (m). Paper: 3."})
+    continuations_per_plan: int | None = field(default=3, metadata={"help": "Continuations per plan (z). Paper: 3."})
+    num_generations: int | None = field(default=9, metadata={"help": "m * z rows per prompt."})
+    per_device_train_batch_size: int = field(default=9, metadata={"help": "Rows per device and step (whole groups)."})

@@ -154,6 +154,26 @@ class GRPOExtTrainer(GRPOTrainer):
         if getattr(self, "vllm_generation", None) is not None:
             self.vllm_generation.max_completion_length = max_new_tokens
 
+    def generate_stage(self, prompts: list, num_generations: int, max_new_tokens: int | None = None) -> list[list[int]]:
+        """Generate one completion per row of `prompts`, for a stage of a staged rollout (a PTA plan, say).
+
+        Rows come in blocks of `num_generations` consecutive rows that share their prompt (vLLM server mode asks
+        for `n=num_generations` per block). Nothing is scored or logged; the result is token ids per row. The
+        generation cap is `max_new_tokens` for this stage only.
+        """
+        if len(prompts) % num_generations:
+            raise ValueError(f"{len(prompts)} rows cannot be split into blocks of num_generations={num_generations}.")
+        cap = self.max_completion_length
+        if max_new_tokens is not None:
+            self.set_generation_cap(max_new_tokens)
+        try:
+            prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)
+            completion_ids, _ = self._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)
+        finally:
+            if max_new_tokens is not None:
+                self.set_generation_cap(cap)
+        return [_as_list(ids) for ids in completion_ids]
+
     # ------------------------------------------------------------------ seams
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Seam: GRPOTrainer._calculate_rewards(inputs, prompts, completions, completion_ids_list) returns

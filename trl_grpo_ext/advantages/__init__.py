@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from ..registry import Registry
 from .group import group_advantages, trl_group
+from .plan import plan_values, pta_estimator, pta_token_advantages
 
 ADVANTAGES = Registry("advantage")
 
@@ -37,6 +38,7 @@ def list_advantages() -> list[str]:
 
 
 register_advantage("group", trl_group)
+register_advantage("pta", pta_estimator)
 
 __all__ = [
     "ADVANTAGES",
@@ -45,4 +47,7 @@ __all__ = [
     "list_advantages",
     "group_advantages",
     "trl_group",
+    "plan_values",
+    "pta_token_advantages",
+    "pta_estimator",
 ]

@@ -25,6 +25,7 @@ from trl.rewards import (
 from ..registry import Registry
 from .format import completion_text, contains_solution_reward, tag_format_reward
 from .length import BudgetLengthReward
+from .plan import PlanValueReward
 from .stop import StopPenalty
 
 REWARDS = Registry("reward")
@@ -57,4 +58,4 @@ register_reward("contains_solution", contains_solution_reward)
 register_reward("budget_length", BudgetLengthReward, factory=True)
 register_reward("stop_penalty", StopPenalty, factory=True)
 
-__all__ = ["REWARDS", "register_reward", "get_reward", "list_rewards", "completion_text", "contains_solution_reward", "tag_format_reward", "BudgetLengthReward", "StopPenalty"]
+__all__ = ["REWARDS", "register_reward", "get_reward", "list_rewards", "completion_text", "contains_solution_reward", "tag_format_reward", "BudgetLengthReward", "StopPenalty", "PlanValueReward"]
