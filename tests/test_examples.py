@@ -59,3 +59,22 @@ def test_prorl_example_resets(tmp_path, extra, expected):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert expected in result.stdout
+
+
+def test_pta_example_cold_start_then_rl(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "pta_grpo.py"), "--tiny", "--output-dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert len(steps) == 4
+    # After the cold start the tiny model closes some of its plans, and sharing plans saves tokens.
+    closed = [float(line.split("plans closed ")[1].split(",")[0]) for line in steps]
+    assert max(closed) > 0
+    for line in steps:
+        generated, independent = (float(x) for x in line.split("generated ")[1].split(" independently")[0].split(" tokens vs "))
+        assert generated < independent
