@@ -18,6 +18,8 @@ from collections.abc import Callable
 from ..registry import Registry
 from .group import group_advantages, trl_group
 from .plan import plan_values, pta_estimator, pta_token_advantages
+from .segment import hard_advantages, segment_reward_advantages, soft_advantages
+from .tree import shared_prefix_node_ids, tree_token_advantages
 
 ADVANTAGES = Registry("advantage")
 
@@ -47,6 +49,11 @@ __all__ = [
     "list_advantages",
     "group_advantages",
     "trl_group",
+    "tree_token_advantages",
+    "shared_prefix_node_ids",
+    "soft_advantages",
+    "hard_advantages",
+    "segment_reward_advantages",
     "plan_values",
     "pta_token_advantages",
     "pta_estimator",
