@@ -46,3 +46,11 @@ def make_config(tmp_path, config_cls=None, **overrides):
     )
     kwargs.update(overrides)
     return config_cls(**kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_cache_dir(tiny_model_path, tmp_path_factory):
+    """A `--cache_dir` for `trl-grpo-ext train` that already holds the session's tiny model (no rebuild per run)."""
+    cache = tmp_path_factory.mktemp("cli-cache")
+    (cache / "tiny-model").symlink_to(tiny_model_path, target_is_directory=True)
+    return cache

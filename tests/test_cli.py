@@ -8,7 +8,7 @@ def test_quickstart_trains_offline_and_says_where(tmp_path, capsys):
     argv = ["train", "--max_steps", "2", "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert f"Trained 2 steps;" in printed and str(out.resolve()) in printed
+    assert "Trained 2 steps;" in printed and str(out.resolve()) in printed
     AutoModelForCausalLM.from_pretrained(out)  # the saved result loads back
     assert (out / "tokenizer.json").exists()
 
@@ -39,3 +39,91 @@ def test_curriculum_recipe_runs_tiny(tmp_path, capsys):
             "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
     assert main(argv) == 0
     assert "Trained 4 steps" in capsys.readouterr().out
+
+
+def test_reward_spec_parameters_are_typed():
+    from trl_grpo_ext.cli import parse_reward_spec
+
+    assert parse_reward_spec("accuracy") == ("accuracy", {})
+    assert parse_reward_spec("tag_format:tags=plan,think,answer,partial=true") == (
+        "tag_format",
+        {"tags": ["plan", "think", "answer"], "partial": True},
+    )
+    assert parse_reward_spec("budget_length:shape=band,width=0.3") == (
+        "budget_length",
+        {"shape": "band", "width": 0.3},
+    )
+    assert parse_reward_spec("soft_overlong:max_completion_len=512,soft_punish_cache=64") == (
+        "soft_overlong",
+        {"max_completion_len": 512, "soft_punish_cache": 64},
+    )
+    assert parse_reward_spec("my.mod.factory:x=none,y=False,z= 2") == (
+        "my.mod.factory",
+        {"x": None, "y": False, "z": 2},
+    )
+
+
+def test_yaml_recipe_with_trainer_reward_parameters_and_lora(tmp_path, tiny_cache_dir, capsys):
+    import json
+
+    import yaml
+
+    out = tmp_path / "run"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": "curriculum",
+                "reward_funcs": [
+                    "tag_format:tags=think,answer,partial=true",
+                    "budget_length:shape=band,width=0.3",
+                    "tests.conftest.varied_reward",
+                ],
+                "reward_weights": [0.2, 0.3, 0.5],
+                "budget_start": 24,
+                "budget_end": 6,
+                "budget_total_steps": 8,
+                "use_peft": True,
+                "lora_r": 4,
+                "lora_target_modules": ["q_proj", "v_proj"],
+                "max_steps": 5,
+                "logging_steps": 1,
+                "output_dir": str(out),
+                "cache_dir": str(tiny_cache_dir),
+            }
+        )
+    )
+    assert main(["train", "--config", str(recipe), "--max_steps", "2"]) == 0  # the flag beats the file
+    assert "Trained 2 steps" in capsys.readouterr().out
+    record = json.loads((out / "trl_grpo_ext_run.json").read_text())
+    assert record["trainer_class"] == "CurriculumGRPOTrainer"
+    assert record["methods"] == ["grpo", "curriculum"]
+    assert record["reward_funcs"] == ["tag_format_think_answer", "budget_length_band", "varied_reward"]
+    assert record["adapter"] and (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
+    assert record["config"]["lora_r"] == 4 and record["config"]["max_steps"] == 2
+    assert record["metrics"]["curriculum/budget"] == 24  # our metric, logged with TRL's under its method's prefix
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
+
+
+def test_dataset_mixture_from_yaml_and_4bit_lora(tmp_path, tiny_cache_dir, capsys):
+    import json
+
+    from trl_grpo_ext.testing import tiny_dataset
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in tiny_dataset(8, seed=3)))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"datasets:\n  - path: json\n    data_files: {data}\nreward_funcs: [contains_solution]\n")
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(recipe), "--use_peft", "--load_in_4bit", "--max_steps", "1",
+            "--output_dir", str(out), "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
+    assert main(argv) == 0
+    assert "Trained 1 steps" in capsys.readouterr().out
+    record = json.loads((out / "trl_grpo_ext_run.json").read_text())
+    assert record["dataset"] == "mixture" and record["adapter"]
+    assert record["config"]["load_in_4bit"] is True
+    assert record["config"]["datasets"] == [
+        {"path": "json", "name": None, "data_dir": None, "data_files": str(data), "split": "train", "columns": None,
+         "fraction": None}
+    ]  # fmt: skip

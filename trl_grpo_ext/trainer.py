@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
@@ -304,6 +305,9 @@ class GRPOExtTrainer(GRPOTrainer):
             texts = [row[column] or "" for row in inputs]
             result[key] = [self._tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         rows = [tuple(tuple(ids[i]) for ids in result.values()) for i in range(len(inputs))]
+        # A group can span processes, and all processes must give the backend one block size (vLLM server mode
+        # generates every process's rows in one call): decide on the rows of all processes, in TRL's order.
+        rows = gather_object(rows)
         shared = all(len(set(rows[i : i + group])) == 1 for i in range(0, len(rows), group))
         result["num_generations"] = group if shared else 1
         return result
