@@ -7,7 +7,7 @@ from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
 from .curriculum import TokenBudgetCurriculum
 from .rewards import get_reward, list_rewards, register_reward
 from .trainer import GRPOExtTrainer
-from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer
+from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer, SegmentGRPOTrainer
 
 __version__ = "0.1.0"
 
@@ -21,6 +21,7 @@ __all__ = [
     "ProRLResetCallback",
     "PTAGRPOConfig",
     "PTAGRPOTrainer",
+    "SegmentGRPOTrainer",
     "RolloutBatch",
     "register_reward",
     "get_reward",

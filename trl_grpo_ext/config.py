@@ -81,6 +81,32 @@ class GRPOExtConfig(GRPOConfig):
             [0, 1]).
         pta_outcome_reward (`str`, *optional*, defaults to `"accuracy"`):
             Registry name or import path of the correctness reward behind r_outcome and r_plan.
+
+        > Parameters of segment-level advantages (GPG, arXiv 2512.10365; ARPO, arXiv 2507.19849)
+
+        segment_by (`str`, *optional*):
+            How `SegmentGRPOTrainer` cuts completions into segments: `"tool_calls"` (at TRL's tool-result
+            boundaries), `"tags"`, `"paragraphs"` or `"regex:<pattern>"`.
+        segment_advantage (`str`, *optional*, defaults to `"soft"`):
+            `"soft"`: GRPO over full trajectories; `"hard"`: a token shared by several trajectories (ARPO branches)
+            gets the mean advantage of all of them; `"reward"`: outcome advantage + λ · normalised segment reward.
+        segment_reward_funcs (`list[str]`, *optional*):
+            Segment rewards (registry names or import paths) for `"reward"`: each returns, per completion, one score
+            per trainable segment (e.g. `"tool_call_validity"`).
+        segment_reward_lambda (`float`, *optional*, defaults to `1.0`):
+            λ, the weight of the normalised segment reward.
+        arpo (`bool`, *optional*, defaults to `False`):
+            ARPO rollouts: of each group of M = `num_generations`, start `arpo_initial_rollouts` full rollouts, then
+            branch `arpo_branches` continuations after tool results where the entropy rises, with probability
+            clip(α + β·ΔH, 0, 1); unused slots get fresh rollouts. Needs `tools=`.
+        arpo_initial_rollouts (`int`, *optional*):
+            N; default M / 2 (the paper: 8 of 16).
+        arpo_branches (`int`, *optional*, defaults to `2`):
+            Z, continuations branched at an accepted point.
+        arpo_entropy_tokens (`int`, *optional*, defaults to `10`):
+            k, generated tokens whose mean entropy is compared with the first k tokens of the response.
+        arpo_alpha (`float`, *optional*, defaults to `0.5`) and arpo_beta (`float`, *optional*, defaults to `0.2`):
+            The paper's branching probability, clip(α + β·ΔH, 0, 1).
     """
 
     advantage_estimator: str = field(
@@ -152,9 +178,29 @@ class GRPOExtConfig(GRPOConfig):
         default="accuracy", metadata={"help": "PTA-GRPO: correctness reward (registry name or import path)."}
     )
 
+    segment_by: str | None = field(
+        default=None, metadata={"help": "Segments: 'tool_calls', 'tags', 'paragraphs' or 'regex:<pattern>'."}
+    )
+    segment_advantage: str = field(
+        default="soft", metadata={"help": "Segment advantage mode.", "choices": ["soft", "hard", "reward"]}
+    )
+    segment_reward_funcs: list[str] = field(
+        default_factory=list, metadata={"help": "Segment rewards (one score per trainable segment) for 'reward'."}
+    )
+    segment_reward_lambda: float = field(default=1.0, metadata={"help": "λ, the weight of the segment reward."})
+    arpo: bool = field(default=False, metadata={"help": "ARPO entropy-guided branching after tool results."})
+    arpo_initial_rollouts: int | None = field(
+        default=None, metadata={"help": "ARPO: N full rollouts per group (default num_generations / 2)."}
+    )
+    arpo_branches: int = field(default=2, metadata={"help": "ARPO: Z continuations per accepted branch point."})
+    arpo_entropy_tokens: int = field(default=10, metadata={"help": "ARPO: k tokens whose entropy is measured."})
+    arpo_alpha: float = field(default=0.5, metadata={"help": "ARPO: α in clip(α + β·ΔH, 0, 1). Paper: 0.5."})
+    arpo_beta: float = field(default=0.2, metadata={"help": "ARPO: β in clip(α + β·ΔH, 0, 1). Paper: 0.2."})
+
     def __post_init__(self):
         super().__post_init__()
         self._check_pta()
+        self._check_segments()
         self._check_advantage_estimator()
         self._check_dynamic_sampling()
         if self.budget_start is not None:
@@ -211,6 +257,33 @@ class GRPOExtConfig(GRPOConfig):
             raise ValueError(f"plan_max_tokens={self.plan_max_tokens} must be >= 1, or None for max_completion_length.")
         if not self.plan_tag or not self.plan_tag.replace("_", "").isalnum():
             raise ValueError(f"plan_tag={self.plan_tag!r} must be a bare tag name such as 'plan'.")
+
+    def _check_segments(self):
+        if self.segment_by is not None:
+            from .segments import parse_segment_by
+
+            parse_segment_by(self.segment_by)
+        if self.segment_advantage not in ("soft", "hard", "reward"):
+            raise ValueError(f"segment_advantage={self.segment_advantage!r} is not one of 'soft', 'hard', 'reward'.")
+        if self.segment_advantage == "reward" and not self.segment_reward_funcs:
+            raise ValueError(
+                "segment_advantage='reward' needs segment_reward_funcs, e.g. ['tool_call_validity']; or use 'soft'."
+            )
+        if not self.arpo:
+            return
+        m = self.num_generations
+        if self.arpo_initial_rollouts is None:
+            self.arpo_initial_rollouts = max(1, m // 2)
+        n, z = self.arpo_initial_rollouts, self.arpo_branches
+        if not 1 <= n <= m:
+            raise ValueError(f"arpo_initial_rollouts={n} must be between 1 and num_generations={m}.")
+        if z < 1 or (n < m and z > m - n):
+            raise ValueError(
+                f"arpo_branches={z} cannot fit: after arpo_initial_rollouts={n} full rollouts, a group of "
+                f"num_generations={m} has {m - n} slot(s) left for branches; use arpo_branches between 1 and {max(m - n, 1)}."
+            )
+        if self.arpo_entropy_tokens < 1:
+            raise ValueError(f"arpo_entropy_tokens={self.arpo_entropy_tokens} must be >= 1.")
 
     def _check_dynamic_sampling(self):
         rounds = self.dynamic_sampling_max_rounds

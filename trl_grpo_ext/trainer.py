@@ -22,6 +22,7 @@ Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -47,12 +48,17 @@ TRL_SEAMS = {
     "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
     "_save_checkpoint": ["self", "model", "trial"],
     "_load_optimizer_and_scheduler": ["self", "checkpoint"],
-}
+    "_generate": ["self", "prompts"],
+    "_get_per_token_logps_and_entropies": [
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
+        "compute_aux_loss",
+    ],
+}  # fmt: skip
 # Trainer attributes read here (set by GRPOTrainer.__init__).
 TRL_ATTRIBUTES = [
     "reward_weights", "reward_func_names", "reward_funcs", "num_generations", "num_generations_eval", "_logs",
     "_metrics", "_tokenizer", "eos_token_ids", "max_completion_length", "beta", "ref_model", "generation_config",
-    "generation_kwargs", "_get_output_dir",
+    "generation_kwargs", "_get_output_dir", "environment_factories", "_standalone_tools",
 ]  # fmt: skip
 
 
@@ -100,6 +106,7 @@ class GRPOExtTrainer(GRPOTrainer):
             getattr(self.args, "completion_prefix_column", None),
         )
         self._row_prefixes: RowPrefixes | None = None
+        self.pregenerated: tuple | None = None  # a rollout generated in stages, for `_generate` to hand over
         self.last_scoring: dict | None = None
         # `{name}` in prompts is replaced by the value, and reward functions get it as a column (curriculum budget).
         self.prompt_fields: dict[str, object] = {}
@@ -174,6 +181,60 @@ class GRPOExtTrainer(GRPOTrainer):
             if max_new_tokens is not None:
                 self.set_generation_cap(cap)
         return [_as_list(ids) for ids in completion_ids]
+
+    def completion_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Per-token entropy of the policy's next-token distribution over each completion (no gradient).
+
+        Returns one (len(completion),) tensor per row; ARPO reads them after tool results to decide where to branch.
+        """
+        device = self.accelerator.device
+        pad = self._tokenizer.pad_token_id
+        prompts = [torch.tensor(p, dtype=torch.long) for p in prompt_ids]
+        completions = [torch.tensor(c if c else [pad], dtype=torch.long) for c in completion_ids]
+        p_len, c_len = max(len(p) for p in prompts), max(len(c) for c in completions)
+        input_ids = torch.full((len(prompts), p_len + c_len), pad, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            input_ids[i, p_len - len(p) : p_len], attention[i, p_len - len(p) : p_len] = p, 1  # left-padded prompt
+            input_ids[i, p_len : p_len + len(c)], attention[i, p_len : p_len + len(c)] = c, 1  # right-padded
+        with torch.no_grad():
+            _, entropies, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids.to(device), attention.to(device), c_len,
+                batch_size=self.args.per_device_train_batch_size, compute_entropy=True,
+            )  # fmt: skip
+        return [entropies[i, : len(c)].float().cpu() for i, c in enumerate(completion_ids)]
+
+    def generate_rollouts(self, prompts: list, num_generations: int, context_ids: list[list[int]] | None = None):
+        """Run TRL's whole generation (tool-call loop included) for `prompts`, unscored.
+
+        Returns TRL's `_generate` tuple: (prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields,
+        images, tool_images). `context_ids` (one list per row) continue earlier token sequences: an ARPO branch
+        continues its parent's trajectory after a tool result, token for token.
+        """
+        self._ensure_tool_dicts(len(prompts))
+        self.set_row_prefixes(context_ids=context_ids, num_generations=num_generations)
+        try:
+            return super()._generate(prompts)
+        finally:
+            self._row_prefixes = None
+
+    def _ensure_tool_dicts(self, rows: int) -> None:
+        # TRL builds the per-row tool tables in `_generate_and_score_completions`, right before `_generate`; an
+        # unscored rollout needs them too. Standalone tools only: environments are reset per scored batch.
+        if self.environment_factories is not None:
+            raise NotImplementedError("rollouts outside the scored batch do not support environment_factory yet.")
+        sync = {t.__name__: t for t in self._standalone_tools if not inspect.iscoroutinefunction(t)}
+        async_ = {t.__name__: t for t in self._standalone_tools if inspect.iscoroutinefunction(t)}
+        self._sync_tool_dicts, self._async_tool_dicts = [sync] * rows, [async_] * rows
+
+    def _generate(self, prompts: list):
+        # Seam: GRPOTrainer._generate(prompts) -> (prompt_ids, completion_ids, tool_mask, completions, logprobs,
+        # extra_fields, images, tool_images), called once by `_generate_and_score_completions`. When a multi-stage
+        # rollout has already generated the batch (ARPO), it is handed over here instead of generating again.
+        if self.pregenerated is not None:
+            result, self.pregenerated = self.pregenerated, None
+            return result
+        return super()._generate(prompts)
 
     # ------------------------------------------------------------------ seams
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from .callbacks import ProRLResetCallback
+import torch
+
 from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
 from .curriculum import check_schedule
 from .rewards import get_reward
 from .rewards.plan import PlanValueReward
-from .rollouts import truncate_at_tag
+from .advantages import segment_reward_advantages
+from .rollouts import branch_probability, branch_token_advantages, choose_branches, resume_points, truncate_at_tag
+from .segments import cut_segments
 from .trainer import GRPOExtTrainer
 
 
@@ -138,3 +142,147 @@ class PTAGRPOTrainer(GRPOExtTrainer):
         self.log_metric("pta/independent_tokens", independent)
         self.log_metric("pta/tokens_saved_fraction", 1 - generated / max(independent, 1))
         return out
+
+
+class SegmentGRPOTrainer(GRPOExtTrainer):
+    """Segment-level credit (GPG, arXiv 2512.10365; ARPO, arXiv 2507.19849): segments, not tokens or answers.
+
+    Completions are cut into segments (`segment_by`: tool-call turns, tags, paragraphs or a regex). Advantages
+    (`segment_advantage`): `"soft"` is GRPO over the full trajectories; `"hard"` gives a token shared by several
+    trajectories (an ARPO branch and its parent) the mean advantage of all of them; `"reward"` adds λ times the
+    group-normalised score of each segment (`segment_reward_funcs`, one score per trainable segment) to the row's
+    outcome advantage. Tool-result tokens are never trained (TRL's tool mask).
+
+    With `arpo=True` (and `tools=`), rollouts branch after tool results where the entropy rises (see
+    `trl_grpo_ext.rollouts.branching`). A branch row holds only its continuation; the shared prefix stays in the
+    parent row, trained once, and is the branch's context.
+
+    Metrics: `segments/per_completion`; with ARPO `tree/branches` (branch rows) and `tree/generated_tokens_saved`
+    (prefix tokens the branches did not generate again).
+    """
+
+    def __init__(self, model, reward_funcs=None, args: GRPOExtConfig | None = None, *pos, **kwargs):
+        if not isinstance(args, GRPOExtConfig) or args.segment_by is None:
+            raise ValueError("SegmentGRPOTrainer needs a GRPOExtConfig with segment_by ('tool_calls', 'tags', ...).")
+        if args.advantage_estimator != "group":
+            raise ValueError(
+                f"SegmentGRPOTrainer computes its own advantages (segment_advantage={args.segment_advantage!r}); "
+                f"unset advantage_estimator={args.advantage_estimator!r}."
+            )
+        local_rows = args.per_device_train_batch_size * args.steps_per_generation
+        if (args.arpo or args.segment_advantage == "reward") and local_rows % args.num_generations:
+            raise ValueError(
+                f"ARPO and segment rewards work on whole groups per process: per_device_train_batch_size * "
+                f"steps_per_generation ({local_rows}) must be a multiple of num_generations ({args.num_generations})."
+            )
+        self.segment_rewards = [get_reward(name) for name in args.segment_reward_funcs]
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        if args.arpo and not self.tools:
+            raise ValueError("arpo=True branches after tool results: pass tools=[...] to the trainer, or set arpo=False.")
+        self.advantage_estimator = self.segment_advantages
+        self._rewrites_advantages = True
+        self._branch_generator = torch.Generator().manual_seed(args.seed)
+
+    # ---- advantages
+    def segment_advantages(self, batch):
+        segments = cut_segments(self.args.segment_by, batch.completion_ids, batch.completion_mask,
+                                tool_mask=batch.tool_mask, tokenizer=self._tokenizer)  # fmt: skip
+        self.log_metric("segments/per_completion", (segments.amax(dim=1) + 1).float().mean().item())
+        mode = self.args.segment_advantage
+        parents = batch.columns.get("arpo_parent")
+        if mode == "hard" and parents is not None:
+            return branch_token_advantages(batch.advantages, batch.completion_mask, parents,
+                                           batch.columns["arpo_point"])  # fmt: skip
+        if mode == "reward":
+            scores = self._segment_scores(batch, segments)
+            return segment_reward_advantages(batch.advantages, scores, segments, batch.num_generations,
+                                             lam=self.args.segment_reward_lambda)  # fmt: skip
+        return batch.advantages
+
+    def _segment_scores(self, batch, segments: torch.Tensor) -> torch.Tensor:
+        """(B, S) summed segment-reward scores on each row's trainable segments, NaN elsewhere."""
+        model_tokens = batch.loss_mask.bool() if batch.tool_mask is not None else batch.completion_mask.bool()
+        width = int(segments.max().item()) + 1
+        scores = torch.full((segments.size(0), width), float("nan"))
+        for reward in self.segment_rewards:
+            name = getattr(reward, "__name__", repr(reward))
+            out = reward(prompts=batch.prompts, completions=batch.completions,
+                         completion_ids=self.last_scoring["completion_ids"], **batch.columns)  # fmt: skip
+            if len(out) != segments.size(0):
+                raise ValueError(f"segment reward {name!r} returned {len(out)} lists for {segments.size(0)} completions.")
+            for row, row_scores in enumerate(out):
+                trainable = torch.unique(segments[row][model_tokens[row]]).tolist()
+                if row_scores is None:
+                    continue
+                if len(row_scores) != len(trainable):
+                    raise ValueError(
+                        f"segment reward {name!r} returned {len(row_scores)} score(s) for completion {row}, which has "
+                        f"{len(trainable)} trainable segment(s) under segment_by={self.args.segment_by!r}; return one "
+                        f"score (or None) per segment."
+                    )
+                for segment, score in zip(trainable, row_scores, strict=True):
+                    if score is not None:
+                        current = scores[row, segment]
+                        scores[row, segment] = score if torch.isnan(current) else current + score
+        return scores
+
+    # ---- ARPO rollouts
+    def _score_batch(self, inputs):
+        if not (self.args.arpo and self.model.training):
+            return super()._score_batch(inputs)
+        if self.prompt_fields:
+            inputs = [self._fill_prompt_fields(row) for row in inputs]
+        m, n, z = self.num_generations, self.args.arpo_initial_rollouts, self.args.arpo_branches
+        k, alpha, beta = self.args.arpo_entropy_tokens, self.args.arpo_alpha, self.args.arpo_beta
+        groups = len(inputs) // m
+        first_rows = [g * m + j for g in range(groups) for j in range(n)]
+        first = self.generate_rollouts([inputs[i]["prompt"] for i in first_rows], num_generations=n)
+        entropies = self.completion_entropies(first[0], first[1])
+        layout, second_prompts, contexts = [], [], []  # layout: per final row, ("first", i) or ("second", j)
+        parents, points = [], []
+        for g in range(groups):
+            members = range(g * n, (g + 1) * n)
+            candidates = [
+                [(p, branch_probability(entropies[i], p, k, alpha, beta)) for p in resume_points(first[2][i])]
+                for i in members
+            ]
+            chosen = choose_branches(candidates, m - n, z, self._branch_generator)
+            layout += [("first", i) for i in members]
+            parents += [-1] * n
+            points += [-1] * n
+            for parent, point in chosen:
+                for _ in range(z):
+                    layout.append(("second", len(second_prompts)))
+                    second_prompts.append(inputs[g * m]["prompt"])
+                    contexts.append(first[1][g * n + parent][:point])
+                    parents.append(g * m + parent)
+                    points.append(point)
+            while len(layout) < (g + 1) * m:  # fresh rollouts fill the unused slots
+                layout.append(("second", len(second_prompts)))
+                second_prompts.append(inputs[g * m]["prompt"])
+                contexts.append([])
+                parents.append(-1)
+                points.append(-1)
+        second = self.generate_rollouts(second_prompts, num_generations=1, context_ids=contexts) if second_prompts else None
+        self.pregenerated = _merge_rollouts(first, second, layout)
+        inputs = [dict(row, arpo_parent=parents[i], arpo_point=points[i]) for i, row in enumerate(inputs)]
+        out = super()._score_batch(inputs)
+        branches = [p for p in points if p >= 0]
+        self.log_metric("tree/branches", len(branches))
+        self.log_metric("tree/generated_tokens_saved", sum(branches))
+        return out
+
+
+def _merge_rollouts(first: tuple, second: tuple | None, layout: list[tuple[str, int]]) -> tuple:
+    """TRL `_generate` tuples of two generation calls, as one tuple in `layout` order."""
+    sources = {"first": first, "second": second}
+
+    def pick(field: int):
+        values = [sources[name][field] if sources[name] is not None else None for name, _ in layout]
+        if all(v is None for v in values):
+            return None
+        return [source[index] for source, (_, index) in zip(values, layout, strict=True)]
+
+    prompt_ids, completion_ids, tool_mask, completions, logprobs = (pick(i) for i in range(5))
+    tool_images = pick(7)
+    return prompt_ids, completion_ids, tool_mask, completions, logprobs, {}, None, tool_images

@@ -27,6 +27,7 @@ from .format import completion_text, contains_solution_reward, tag_format_reward
 from .length import BudgetLengthReward
 from .plan import PlanValueReward
 from .stop import StopPenalty
+from .tools import get_tool_call_validity_reward
 
 REWARDS = Registry("reward")
 
@@ -57,5 +58,7 @@ register_reward("tag_format", tag_format_reward, factory=True)
 register_reward("contains_solution", contains_solution_reward)
 register_reward("budget_length", BudgetLengthReward, factory=True)
 register_reward("stop_penalty", StopPenalty, factory=True)
+# A segment reward (one score per model turn): for SegmentGRPOTrainer's segment_reward_funcs, not reward_funcs.
+register_reward("tool_call_validity", get_tool_call_validity_reward, factory=True)
 
 __all__ = ["REWARDS", "register_reward", "get_reward", "list_rewards", "completion_text", "contains_solution_reward", "tag_format_reward", "BudgetLengthReward", "StopPenalty", "PlanValueReward"]
