@@ -78,3 +78,20 @@ def test_pta_example_cold_start_then_rl(tmp_path):
     for line in steps:
         generated, independent = (float(x) for x in line.split("generated ")[1].split(" independently")[0].split(" tokens vs "))
         assert generated < independent
+
+
+def test_segment_arpo_example_branches_on_the_tiny_model(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "segment_arpo.py"), "--tiny", "--output-dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert len(steps) == 4
+    # After the tool-format cold start the tiny model calls the calculator, and ARPO branches after tool results.
+    branches = [float(line.split("branches ")[1].split(",")[0]) for line in steps]
+    saved = [float(line.split("tokens not regenerated ")[1].split(",")[0]) for line in steps]
+    assert sum(branches) > 0 and sum(saved) > 0

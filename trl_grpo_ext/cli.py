@@ -45,7 +45,7 @@ from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
 from .rewards import get_reward
 from .testing import build_tiny_model, tiny_dataset
 from .trainer import GRPOExtTrainer
-from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer
+from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer, SegmentGRPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ TRAINERS = {
     "curriculum": (CurriculumGRPOTrainer, GRPOExtConfig),
     "prorl": (ProRLTrainer, ProRLConfig),
     "pta": (PTAGRPOTrainer, PTAGRPOConfig),
+    "segment": (SegmentGRPOTrainer, GRPOExtConfig),
 }
 # `grpo_ext` without --reward_funcs; the other named trainers bring their method's own rewards.
 DEFAULT_REWARDS = ["tag_format", "accuracy", "contains_solution"]
@@ -123,6 +124,10 @@ class TrainScriptArguments(ScriptArguments):
         },
     )
     data_files: str | None = field(default=None, metadata={"help": "Data files, for local datasets ('json' ...)."})
+    tools: list[str] | None = field(
+        default=None,
+        metadata={"help": "Tools the model may call: dotted import paths of functions with Google-style docstrings."},
+    )
     system_prompt: str | None = field(
         default=None,
         metadata={"help": "System message for every prompt (replaces the dataset's own); may use {budget}."},
@@ -406,6 +411,15 @@ def with_system_prompt(prompt, system: str):
     return [{"role": "system", "content": system}, *rest]
 
 
+def _import_tool(path: str):
+    from .registry import _import_path
+
+    try:
+        return _import_path(path, "tool")
+    except (KeyError, TypeError) as exc:
+        raise CLIError(f"--tools {path!r}: {_one_line(exc)}; give the dotted import path of a function") from exc
+
+
 def _tiny_model(script_args):
     cache = Path(script_args.cache_dir or os.environ.get("TRL_GRPO_EXT_CACHE", "~/.cache/trl_grpo_ext")).expanduser()
     with PartialState().main_process_first():  # the first process builds it; the others then find it built
@@ -421,6 +435,7 @@ def train(argv: list[str]) -> Path:
     reward_funcs, train_dataset, eval_dataset = _checked_inputs(
         trainer_cls, script_args, training_args, model_args, dataset_args
     )
+    tools = [_import_tool(path) for path in script_args.tools or []] or None
 
     # Checked: from here on models load and output_dir is written.
     tiny_model = script_args.tiny or model_args.model_name_or_path is None
@@ -446,6 +461,7 @@ def train(argv: list[str]) -> Path:
         processing_class=processing_class,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
+        tools=tools,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     out = Path(training_args.output_dir).resolve()

@@ -52,6 +52,10 @@ METHODS: dict[str, Method] = {
         "2510.01833",
         lambda trainer: getattr(trainer.args, "num_plans", None) is not None,
     ),
+    "segments": Method(
+        "GPG segment-level advantages", "2512.10365", lambda trainer: getattr(trainer.args, "segment_by", None) is not None
+    ),
+    "tree": Method("ARPO entropy-guided branching", "2507.19849", lambda trainer: bool(getattr(trainer.args, "arpo", False))),
     "dynamic_sampling": Method(
         "Dynamic sampling (DAPO)", "2503.14476", lambda trainer: bool(getattr(trainer.args, "dynamic_sampling", False))
     ),
