@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from trl_grpo_ext import CurriculumGRPOTrainer, GRPOExtConfig
+from trl_grpo_ext.testing import CPU_KWARGS
 
 # ---- hyper-parameters: the paper's main run (Qwen2.5-7B, 600 steps, budget 256 -> 87 in 3 decays) ----
 HPARAMS = dict(
@@ -41,10 +42,7 @@ TINY_HPARAMS = dict(
     per_device_train_batch_size=8,
     num_generations=4,
     logging_steps=1,
-    bf16=False,
-    gradient_checkpointing=False,
-    use_cpu=True,
-    dataloader_pin_memory=False,
+    **CPU_KWARGS,
 )
 INSTRUCTION = (
     "Solve the problem. Think in <think></think>, then answer in <answer></answer>. Use at most {budget} tokens."
@@ -75,12 +73,9 @@ def main():
         hparams["budget_caps_generation"] = False
     processing_class = None
     if args.tiny:
-        from transformers import PreTrainedTokenizerFast
+        from trl_grpo_ext.testing import load_tiny_model, tiny_dataset
 
-        from trl_grpo_ext.testing import build_tiny_model, tiny_dataset
-
-        model = str(build_tiny_model(Path(args.output_dir) / "tiny-model"))
-        processing_class = PreTrainedTokenizerFast.from_pretrained(model)
+        model, processing_class = load_tiny_model(Path(args.output_dir) / "tiny-model")
         train_dataset = tiny_dataset(64).map(
             lambda row: {"prompt": [{"role": "system", "content": INSTRUCTION}, row["prompt"][1]]}
         )

@@ -11,6 +11,7 @@ import argparse
 from peft import LoraConfig
 
 from trl_grpo_ext import ProRLConfig, ProRLResetCallback, ProRLTrainer
+from trl_grpo_ext.testing import CPU_KWARGS
 
 # ---- hyper-parameters: ProRLConfig already holds the paper's recipe (clip 0.2/0.4, temperature 1.2, 16 rollouts,
 # constant lr 2e-6, dapo loss, dynamic sampling); here only the run's length and logging ----
@@ -18,8 +19,7 @@ HPARAMS = dict(max_steps=2000, max_completion_length=8192, logging_steps=10, eva
                save_steps=200, dynamic_sampling_max_rounds=2, report_to="none")  # fmt: skip
 TINY_HPARAMS = dict(max_steps=8, max_completion_length=16, num_generations=4, per_device_train_batch_size=8,
                     per_device_eval_batch_size=8, learning_rate=5e-2, beta=0.1, eval_steps=2, logging_steps=1,
-                    save_strategy="no", bf16=False, gradient_checkpointing=False, use_cpu=True,
-                    dataloader_pin_memory=False)  # fmt: skip
+                    save_strategy="no", **CPU_KWARGS)  # fmt: skip
 RESET_EVERY = 300  # v2: the paper resets every 200-500 steps
 REWARDS = ["accuracy", "stop_penalty"]  # correctness, and -1 for completions that never stop
 
@@ -36,12 +36,9 @@ def main():
 
     processing_class = None
     if args.tiny:
-        from transformers import PreTrainedTokenizerFast
+        from trl_grpo_ext.testing import load_tiny_model, tiny_dataset
 
-        from trl_grpo_ext.testing import build_tiny_model, tiny_dataset
-
-        model = str(build_tiny_model(f"{args.output_dir}/tiny-model"))
-        processing_class = PreTrainedTokenizerFast.from_pretrained(model)
+        model, processing_class = load_tiny_model(f"{args.output_dir}/tiny-model")
         train_dataset, eval_dataset = tiny_dataset(32), tiny_dataset(8, seed=1)
         rewards = ["contains_solution", "stop_penalty"]  # a random model never gets `accuracy`: a denser signal
         reset_every = 3

@@ -16,6 +16,7 @@ from trl import SFTConfig, SFTTrainer
 
 from trl_grpo_ext import PTAGRPOConfig, PTAGRPOTrainer
 from trl_grpo_ext.data import pta_sft_dataset
+from trl_grpo_ext.testing import CPU_KWARGS
 
 # ---- hyper-parameters ----
 SFT_HPARAMS = dict(num_train_epochs=1, learning_rate=1e-5, per_device_train_batch_size=8, report_to="none")
@@ -23,11 +24,11 @@ RL_HPARAMS = dict(num_plans=3, continuations_per_plan=3, num_generations=9, per_
                   max_completion_length=1024, plan_max_tokens=256, learning_rate=1e-6, max_steps=500,
                   logging_steps=10, report_to="none")  # fmt: skip
 TINY_SFT = dict(num_train_epochs=15, learning_rate=1e-2, per_device_train_batch_size=8, logging_steps=10,
-                use_cpu=True, bf16=False, gradient_checkpointing=False, dataloader_pin_memory=False)  # fmt: skip
+                **CPU_KWARGS)  # fmt: skip
 TINY_RL = dict(num_plans=2, continuations_per_plan=2, num_generations=4, per_device_train_batch_size=8,
                max_completion_length=24, plan_max_tokens=16, learning_rate=1e-3, max_steps=4, logging_steps=1,
                pta_outcome_reward="contains_solution",  # math-verify needs LaTeX answers a tiny model never writes
-               use_cpu=True, bf16=False, gradient_checkpointing=False, dataloader_pin_memory=False)  # fmt: skip
+               **CPU_KWARGS)  # fmt: skip
 
 
 def tiny_plan_rows(n=32):
@@ -54,12 +55,9 @@ def main():
 
     processing_class = None
     if args.tiny:
-        from transformers import PreTrainedTokenizerFast
+        from trl_grpo_ext.testing import load_tiny_model, tiny_dataset
 
-        from trl_grpo_ext.testing import build_tiny_model, tiny_dataset
-
-        model = str(build_tiny_model(out / "tiny-model"))
-        processing_class = PreTrainedTokenizerFast.from_pretrained(model)
+        model, processing_class = load_tiny_model(out / "tiny-model")
         sft_rows, rl_dataset = tiny_plan_rows(), tiny_dataset(32)
     else:
         from datasets import load_dataset

@@ -13,6 +13,7 @@ from transformers import BitsAndBytesConfig
 
 from trl_grpo_ext import GRPOExtConfig, GRPOExtTrainer, RolloutBatch, register_advantage
 from trl_grpo_ext.advantages import group_advantages
+from trl_grpo_ext.testing import CPU_KWARGS
 
 # ---- hyper-parameters (the tiny run overrides a few so it finishes in seconds on a CPU) ----
 HPARAMS = dict(
@@ -31,11 +32,8 @@ TINY_HPARAMS = dict(
     num_generations=4,
     max_completion_length=16,
     max_steps=3,
-    bf16=False,
-    gradient_checkpointing=False,
-    use_cpu=True,
     logging_steps=1,
-    dataloader_pin_memory=False,
+    **CPU_KWARGS,
 )
 REWARDS = ["tag_format", "accuracy", "contains_solution"]  # registry names; see trl_grpo_ext.list_rewards()
 
@@ -63,12 +61,9 @@ def main():
 
     processing_class = None
     if args.tiny:
-        from transformers import PreTrainedTokenizerFast
+        from trl_grpo_ext.testing import load_tiny_model, tiny_dataset
 
-        from trl_grpo_ext.testing import build_tiny_model, tiny_dataset
-
-        model = str(build_tiny_model(f"{args.output_dir}/tiny-model"))
-        processing_class = PreTrainedTokenizerFast.from_pretrained(model)
+        model, processing_class = load_tiny_model(f"{args.output_dir}/tiny-model")
         train_dataset = tiny_dataset(16)
     else:
         from datasets import load_dataset

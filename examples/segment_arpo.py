@@ -15,6 +15,7 @@ from pathlib import Path
 from datasets import Dataset
 
 from trl_grpo_ext import GRPOExtConfig, SegmentGRPOTrainer
+from trl_grpo_ext.testing import CPU_KWARGS
 from trl_grpo_ext.tools import calculator
 
 # ---- hyper-parameters (ARPO: M = 16, N = 8, α = 0.5, β = 0.2) ----
@@ -24,7 +25,7 @@ HPARAMS = dict(segment_by="tool_calls", arpo=True, num_generations=16, per_devic
 TINY_HPARAMS = dict(num_generations=4, per_device_train_batch_size=8, arpo_initial_rollouts=2, arpo_branches=1,
                     arpo_entropy_tokens=4, max_completion_length=96, learning_rate=1e-3, max_steps=4, logging_steps=1,
                     temperature=0.3,  # the tiny model samples well-formed calls only at a low temperature
-                    use_cpu=True, bf16=False, gradient_checkpointing=False, dataloader_pin_memory=False)  # fmt: skip
+                    **CPU_KWARGS)  # fmt: skip
 SYSTEM = "Use the calculator tool for arithmetic. Give the final answer in <answer></answer>."
 
 
@@ -54,18 +55,15 @@ def main():
 
     processing_class = None
     if args.tiny:
-        from transformers import PreTrainedTokenizerFast
         from trl import SFTConfig, SFTTrainer
 
-        from trl_grpo_ext.testing import build_tiny_model, tiny_dataset
+        from trl_grpo_ext.testing import load_tiny_model, tiny_dataset
 
-        base = str(build_tiny_model(out / "tiny-model"))
-        processing_class = PreTrainedTokenizerFast.from_pretrained(base)
+        base, processing_class = load_tiny_model(out / "tiny-model")
         sft = SFTTrainer(model=base, train_dataset=tool_format_rows(), processing_class=processing_class,
                          args=SFTConfig(output_dir=str(out / "sft"), num_train_epochs=15, learning_rate=1e-2,
-                                        per_device_train_batch_size=8, use_cpu=True, bf16=False,
-                                        gradient_checkpointing=False, report_to="none", dataloader_pin_memory=False,
-                                        save_strategy="no"))  # fmt: skip
+                                        per_device_train_batch_size=8, report_to="none", save_strategy="no",
+                                        **CPU_KWARGS))  # fmt: skip
         sft.train()
         sft.save_model(str(out / "sft"))
         model = str(out / "sft")

@@ -1,15 +1,27 @@
 """Every example runs offline with --tiny, as CI runs it."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import json
-
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run_example(script: str, out: Path, *extra: str) -> str:
+    """Run `examples/<script> --tiny --output-dir out ...` offline; return its stdout (fail with its stderr)."""
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), "--tiny", "--output-dir", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 @pytest.mark.parametrize(
@@ -20,27 +32,13 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
     ],
 )
 def test_example_runs_tiny(script, extra, tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), "--tiny", "--output-dir", str(tmp_path / "out"), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"saved to {tmp_path / 'out'}" in result.stdout
+    stdout = run_example(script, tmp_path / "out", *extra)
+    assert f"saved to {tmp_path / 'out'}" in stdout
 
 
 def test_curriculum_example_length_follows_the_budget(tmp_path):
     out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "curriculum_grpo.py"), "--tiny", "--output-dir", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_example("curriculum_grpo.py", out)
     rows = json.loads((out / "budget_vs_length.json").read_text())
     assert [r["budget"] for r in rows] == [24] * 4 + [15] * 4 + [10] * 4 + [6] * 4
     assert all(r["mean_length"] <= r["budget"] for r in rows)  # the cap follows the budget
@@ -50,27 +48,13 @@ def test_curriculum_example_length_follows_the_budget(tmp_path):
 @pytest.mark.parametrize("extra, expected", [([], "reset at step 3: reference=True optimizer=False (every 3 steps)"),
                                              (["--preset", "v1", "--lora"], "reference=True optimizer=True (eval_reward did not improve")])  # fmt: skip
 def test_prorl_example_resets(tmp_path, extra, expected):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "prorl.py"), "--tiny", "--output-dir", str(tmp_path / "out"), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert expected in result.stdout
+    stdout = run_example("prorl.py", tmp_path / "out", *extra)
+    assert expected in stdout
 
 
 def test_pta_example_cold_start_then_rl(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "pta_grpo.py"), "--tiny", "--output-dir", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    stdout = run_example("pta_grpo.py", tmp_path / "out")
+    steps = [line for line in stdout.splitlines() if line.startswith("step ")]
     assert len(steps) == 4
     # After the cold start the tiny model closes some of its plans, and sharing plans saves tokens.
     closed = [float(line.split("plans closed ")[1].split(",")[0]) for line in steps]
@@ -81,15 +65,8 @@ def test_pta_example_cold_start_then_rl(tmp_path):
 
 
 def test_segment_arpo_example_branches_on_the_tiny_model(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "segment_arpo.py"), "--tiny", "--output-dir", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    stdout = run_example("segment_arpo.py", tmp_path / "out")
+    steps = [line for line in stdout.splitlines() if line.startswith("step ")]
     assert len(steps) == 4
     # After the tool-format cold start the tiny model calls the calculator, and ARPO branches after tool results.
     branches = [float(line.split("branches ")[1].split(",")[0]) for line in steps]

@@ -29,7 +29,7 @@ import torch
 from accelerate import PartialState
 from datasets import DatasetDict, load_dataset
 from huggingface_hub.utils import validate_repo_id
-from transformers import PreTrainedTokenizerFast, TrainingArguments
+from transformers import TrainingArguments
 from trl import (
     DatasetMixtureConfig,
     ModelConfig,
@@ -43,7 +43,7 @@ from trl import (
 from . import hub
 from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
 from .rewards import get_reward
-from .testing import build_tiny_model, tiny_dataset
+from .testing import load_tiny_model, tiny_dataset
 from .trainer import GRPOExtTrainer
 from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer, SegmentGRPOTrainer
 
@@ -423,9 +423,7 @@ def _import_tool(path: str):
 def _tiny_model(script_args):
     cache = Path(script_args.cache_dir or os.environ.get("TRL_GRPO_EXT_CACHE", "~/.cache/trl_grpo_ext")).expanduser()
     with PartialState().main_process_first():  # the first process builds it; the others then find it built
-        path = build_tiny_model(cache / "tiny-model")
-    # AutoTokenizer would swap in Qwen's pre-tokenizer, which does not match the tiny vocabulary.
-    return str(path), PreTrainedTokenizerFast.from_pretrained(path)
+        return load_tiny_model(cache / "tiny-model")
 
 
 # ---------------------------------------------------------------------------------------------------- commands

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-__all__ = ["build_tiny_model", "tiny_dataset", "cpu_test_config_kwargs", "TAG_TOKENS"]
+__all__ = ["build_tiny_model", "load_tiny_model", "tiny_dataset", "cpu_test_config_kwargs", "CPU_KWARGS", "TAG_TOKENS"]
 
 EOS = "<|im_end|>"
 PAD = "<|endoftext|>"
@@ -142,6 +142,14 @@ def build_tiny_model(
     return out
 
 
+def load_tiny_model(out_dir: str | Path) -> tuple[str, object]:
+    """Build (or reuse) the tiny model in `out_dir`; return its path and its tokenizer, ready for a trainer."""
+    from transformers import PreTrainedTokenizerFast
+
+    path = build_tiny_model(out_dir)
+    return str(path), PreTrainedTokenizerFast.from_pretrained(path)
+
+
 _PROBLEMS = [(a, b) for a in range(2, 10) for b in range(1, 8)]
 
 
@@ -169,16 +177,16 @@ def tiny_dataset(n: int = 16, *, conversational: bool = True, seed: int = 0) -> 
     return Dataset.from_dict({"prompt": prompts, "solution": solutions})
 
 
-def cpu_test_config_kwargs() -> dict:
-    """GRPOConfig settings that a run on the tiny model on CPU needs.
+# What any training config needs on a CPU: TRL defaults `bf16=True` and `gradient_checkpointing=True`, and pinned
+# memory needs an accelerator.
+CPU_KWARGS = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, "dataloader_pin_memory": False}
 
-    TRL defaults `bf16=True` and `gradient_checkpointing=True`; both are off here. `report_to="none"` keeps tests
-    from writing trackers' files.
-    """
+
+def cpu_test_config_kwargs() -> dict:
+    """GRPOConfig settings for a quiet test run on the tiny model on CPU: `CPU_KWARGS`, no trackers' files, no
+    checkpoints, a log every step, no progress bar."""
     return {
-        "bf16": False,
-        "gradient_checkpointing": False,
-        "use_cpu": True,
+        **CPU_KWARGS,
         "report_to": "none",
         "save_strategy": "no",
         "logging_steps": 1,
