@@ -16,6 +16,8 @@ Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
   counters, a reset reference) is saved beside TRL's in each checkpoint and restored on `resume_from_checkpoint`.
 - `ref_model` (full fine-tuning) and the PEFT adapter named "ref" (LoRA), which TRL uses as the reference policy
   when present: overwritten by reference resets.
+- `_generate(prompts)`: hands over a batch that a staged rollout generated already (ARPO); `generate_rollouts` calls
+  TRL's for unscored stages. `_get_per_token_logps_and_entropies`: entropies of unscored rollouts.
 
 `tests/test_trl_compat.py` checks every seam named here and fails, naming it, when TRL renames or reshapes one.
 """
