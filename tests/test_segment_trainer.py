@@ -154,3 +154,12 @@ def test_config_errors(tmp_path, tiny_model_path, tokenizer):
         SegmentGRPOTrainer(model=str(tiny_model_path), reward_funcs=["contains_solution"],
                            args=GRPOExtConfig(segment_by="tool_calls", arpo=True, **kwargs),
                            train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip
+
+
+def test_segment_reward_in_reward_funcs_is_a_clear_error(tiny_model_path, tokenizer, tmp_path):
+    from trl_grpo_ext import GRPOExtTrainer
+
+    with pytest.raises(ValueError, match="'tool_call_validity' is a segment reward .* segment_reward_funcs"):
+        GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=["tool_call_validity"],
+                       args=GRPOExtConfig(output_dir=str(tmp_path), **cpu_test_config_kwargs()),
+                       train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip

@@ -678,11 +678,19 @@ def _resolve_rewards(reward_funcs):
     resolved = []
     for item in items:
         if isinstance(item, str) and (item in REWARDS.names() or ("." in item and "/" not in item)):
-            resolved.append(get_reward(item))
+            item = get_reward(item)
+        if getattr(item, "segment_reward", False):
+            name = getattr(item, "__name__", repr(item))
+            raise ValueError(
+                f"{name!r} is a segment reward (one score per segment), not a scalar reward: give it in "
+                "segment_reward_funcs of SegmentGRPOTrainer, not in reward_funcs."
+            )
+        if callable(item):
+            resolved.append(item)
         elif isinstance(item, str) and "/" not in item and not os.path.isdir(item):
             get_reward(item)  # neither a registered name nor a reward model: raises with the known names
         else:
-            resolved.append(item)  # a callable, or a string TRL reads as a reward-model id (Hub id or folder)
+            resolved.append(item)  # a string TRL reads as a reward-model id (Hub id or folder)
     return resolved
 
 

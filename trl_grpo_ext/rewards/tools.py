@@ -112,6 +112,7 @@ def get_tool_call_validity_reward(
 
     tool_call_validity.__name__ = "tool_call_validity"
     tool_call_validity.__qualname__ = "tool_call_validity"
+    tool_call_validity.segment_reward = True  # one score per segment: not for TRL's scalar reward_funcs
     return tool_call_validity
 
 
