@@ -11,7 +11,6 @@ prompt, z = 3 continuations per plan; r = r_outcome + r_plan + r_format.
 import argparse
 from pathlib import Path
 
-from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from trl_grpo_ext import PTAGRPOConfig, PTAGRPOTrainer
@@ -31,18 +30,6 @@ TINY_RL = dict(num_plans=2, continuations_per_plan=2, num_generations=4, per_dev
                **CPU_KWARGS)  # fmt: skip
 
 
-def tiny_plan_rows(n=32):
-    """Synthetic cold-start rows: the kind a teacher would condense into a plan."""
-    rows = {"question": [], "plan": [], "reasoning": [], "answer": []}
-    for i in range(n):
-        a, b = 2 + i % 7, 1 + i % 5
-        rows["question"].append(f"What is {a} + {b}?")
-        rows["plan"].append("Add the two numbers.")
-        rows["reasoning"].append(f"{a} + {b} = {a + b}")
-        rows["answer"].append(str(a + b))
-    return Dataset.from_dict(rows)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Qwen/Qwen3-8B")
@@ -55,10 +42,10 @@ def main():
 
     processing_class = None
     if args.tiny:
-        from trl_grpo_ext.testing import load_tiny_model, tiny_dataset
+        from trl_grpo_ext.testing import load_tiny_model, tiny_dataset, tiny_pta_rows
 
         model, processing_class = load_tiny_model(out / "tiny-model")
-        sft_rows, rl_dataset = tiny_plan_rows(), tiny_dataset(32)
+        sft_rows, rl_dataset = tiny_pta_rows(), tiny_dataset(32)
     else:
         from datasets import load_dataset
 

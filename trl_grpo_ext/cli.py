@@ -545,11 +545,72 @@ def push(argv: list[str]) -> str:
     return url
 
 
-COMMANDS = {"train": train, "push": push}
+@dataclass
+class SFTScriptArguments:
+    """Arguments of `trl-grpo-ext sft`: a cold start on plan-formatted reasoning (PTA-GRPO's stage 1)."""
+
+    dataset_name: str | None = field(default=None, metadata={"help": "Dataset for `datasets.load_dataset`."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
+    data_files: str | None = field(default=None, metadata={"help": "Data files, for local datasets ('json' ...)."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    question_column: str = field(default="question", metadata={"help": "Column with the question."})
+    plan_column: str = field(default="plan", metadata={"help": "Column with the condensed plan."})
+    reasoning_column: str = field(default="reasoning", metadata={"help": "Column with the reasoning."})
+    answer_column: str = field(default="answer", metadata={"help": "Column with the final answer."})
+    tiny: bool = field(default=False, metadata={"help": "Offline: the tiny model and synthetic plan rows."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Where the tiny model is built."})
+
+
+def sft(argv: list[str]) -> Path:
+    """`trl-grpo-ext sft`: TRL's SFTTrainer on `(question, plan, reasoning, answer)` rows formatted as
+    `<plan>…</plan><think>…</think><answer>…</answer>` (`trl_grpo_ext.data.pta_sft_dataset`); returns the output dir."""
+    from trl import SFTConfig, SFTTrainer
+
+    from .data import pta_sft_dataset
+
+    parser = _Parser((SFTScriptArguments, SFTConfig, ModelConfig), defaults=_device_defaults())
+    parser.prog = "trl-grpo-ext sft"
+    try:
+        script_args, sft_args, model_args = parser.parse_args_and_config(args=argv)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CLIError(_one_line(exc)) from exc
+    columns = dict(question=script_args.question_column, plan=script_args.plan_column,
+                   reasoning=script_args.reasoning_column, answer=script_args.answer_column)  # fmt: skip
+    if script_args.tiny or script_args.dataset_name is None:
+        from .testing import tiny_pta_rows
+
+        rows = tiny_pta_rows()
+        columns = {}
+    else:
+        try:
+            rows = load_dataset(script_args.dataset_name, name=script_args.dataset_config,
+                                data_files=script_args.data_files, split=script_args.dataset_train_split)  # fmt: skip
+        except Exception as exc:  # offline, not found, bad files: all mean the same here
+            raise CLIError(f"dataset {script_args.dataset_name!r} could not be loaded: {_one_line(exc)}") from exc
+    try:
+        dataset = pta_sft_dataset(rows, **columns)
+    except (KeyError, ValueError) as exc:
+        raise CLIError(f"{_one_line(exc)}; name the columns with --question_column, --plan_column, ...") from exc
+    if script_args.tiny or model_args.model_name_or_path is None:
+        model, processing_class = _tiny_model(script_args)
+    else:
+        model, processing_class = model_args.model_name_or_path, None
+    trainer = SFTTrainer(model=model, args=sft_args, train_dataset=dataset, processing_class=processing_class,
+                         peft_config=get_peft_config(model_args))  # fmt: skip
+    trainer.train()
+    out = Path(sft_args.output_dir).resolve()
+    trainer.save_model(str(out))
+    print(f"Cold start done ({trainer.state.global_step} steps); saved to {out}. Next: trl-grpo-ext train "
+          f"--trainer pta --model_name_or_path {out}")  # fmt: skip
+    return out
+
+
+COMMANDS = {"train": train, "sft": sft, "push": push}
 USAGE = """usage: trl-grpo-ext COMMAND [ARGS]
 
 commands:
   train    train a named trainer (no arguments: the offline quickstart); `train --help` lists every flag
+  sft      PTA-GRPO's cold start: SFT on (question, plan, reasoning, answer) rows in the plan format
   push     upload a saved run with its model card: `push OUTPUT_DIR REPO_ID`
 """
 

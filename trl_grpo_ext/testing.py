@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-__all__ = ["build_tiny_model", "load_tiny_model", "tiny_dataset", "cpu_test_config_kwargs", "CPU_KWARGS", "TAG_TOKENS"]
+__all__ = ["build_tiny_model", "load_tiny_model", "tiny_dataset", "tiny_pta_rows", "cpu_test_config_kwargs", "CPU_KWARGS", "TAG_TOKENS"]
 
 EOS = "<|im_end|>"
 PAD = "<|endoftext|>"
@@ -180,6 +180,18 @@ def tiny_dataset(n: int = 16, *, conversational: bool = True, seed: int = 0) -> 
 # What any training config needs on a CPU: TRL defaults `bf16=True` and `gradient_checkpointing=True`, and pinned
 # memory needs an accelerator.
 CPU_KWARGS = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, "dataloader_pin_memory": False}
+
+
+def tiny_pta_rows(n: int = 32) -> Dataset:
+    """Synthetic PTA-GRPO cold-start rows: `question`, `plan`, `reasoning`, `answer` (arithmetic)."""
+    rows = {"question": [], "plan": [], "reasoning": [], "answer": []}
+    for i in range(n):
+        a, b = 2 + i % 7, 1 + i % 5
+        rows["question"].append(f"What is {a} + {b}?")
+        rows["plan"].append("Add the two numbers.")
+        rows["reasoning"].append(f"{a} + {b} = {a + b}")
+        rows["answer"].append(str(a + b))
+    return Dataset.from_dict(rows)
 
 
 def cpu_test_config_kwargs() -> dict:
