@@ -150,6 +150,9 @@ def test_config_errors(tmp_path, tiny_model_path, tokenizer):
     with pytest.raises(ValueError, match="needs a GRPOExtConfig with segment_by"):
         SegmentGRPOTrainer(model=str(tiny_model_path), reward_funcs=[], args=GRPOExtConfig(**kwargs),
                            train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip
+    with pytest.raises(ValueError, match="needs reward_funcs"):
+        SegmentGRPOTrainer(model=str(tiny_model_path), args=GRPOExtConfig(segment_by="tags", **kwargs),
+                           train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip
     with pytest.raises(ValueError, match="pass tools="):
         SegmentGRPOTrainer(model=str(tiny_model_path), reward_funcs=["contains_solution"],
                            args=GRPOExtConfig(segment_by="tool_calls", arpo=True, **kwargs),

@@ -175,6 +175,11 @@ class SegmentGRPOTrainer(GRPOExtTrainer):
                 f"ARPO and segment rewards work on whole groups per process: per_device_train_batch_size * "
                 f"steps_per_generation ({local_rows}) must be a multiple of num_generations ({args.num_generations})."
             )
+        if not reward_funcs and not kwargs.get("environment_factory"):
+            raise ValueError(
+                "SegmentGRPOTrainer needs reward_funcs (the outcome reward, e.g. ['accuracy']); segment rewards go in "
+                "segment_reward_funcs on top of it."
+            )
         self.segment_rewards = [get_reward(name) for name in args.segment_reward_funcs]
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
         if args.arpo and not self.tools:
