@@ -162,8 +162,11 @@ def test_closed_plans_are_cut_at_the_tag(tiny_model_path, tokenizer, tmp_path, m
     plan_out = [t("<plan>"), 40, t("</plan>"), t("<think>"), 41]  # the model runs past </plan>
     answer_out = [t("<answer>"), 42, t("</answer>"), eos]
 
+    stops = []
+
     def backend(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         stage_one = num_generations == 2 and len(prompt_ids) == 4
+        stops.append((list(self.eos_token_ids), list(self.generation_config.eos_token_id)))
         return [list(plan_out if stage_one else answer_out) for _ in prompt_ids], None
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", backend)
@@ -178,3 +181,8 @@ def test_closed_plans_are_cut_at_the_tag(tiny_model_path, tokenizer, tmp_path, m
     # generated: 4 plans x 5 tokens + 8 continuations x 4; independent: 8 rows x (3 + 4)
     assert metrics["pta/generated_tokens"] == [4 * 5 + 8 * 4] and metrics["pta/independent_tokens"] == [8 * 7]
     assert trainer.last_scoring["rewards_per_func"][:, 2].tolist() == [0.0] * 8  # no <think>: strict format fails
+    # The plan stage stops generating at </plan> (a single token here); the continuation stage does not.
+    (plan_eos, plan_config_eos), (cont_eos, cont_config_eos) = stops
+    assert t("</plan>") in plan_eos and t("</plan>") in plan_config_eos
+    assert t("</plan>") not in cont_eos and t("</plan>") not in cont_config_eos
+    assert t("</plan>") not in trainer.eos_token_ids  # restored after the stage

@@ -164,22 +164,35 @@ class GRPOExtTrainer(GRPOTrainer):
         if getattr(self, "vllm_generation", None) is not None:
             self.vllm_generation.max_completion_length = max_new_tokens
 
-    def generate_stage(self, prompts: list, num_generations: int, max_new_tokens: int | None = None) -> list[list[int]]:
+    def generate_stage(
+        self, prompts: list, num_generations: int, max_new_tokens: int | None = None, stop_token_ids: list[int] = ()
+    ) -> list[list[int]]:
         """Generate one completion per row of `prompts`, for a stage of a staged rollout (a PTA plan, say).
 
         Rows come in blocks of `num_generations` consecutive rows that share their prompt (vLLM server mode asks
         for `n=num_generations` per block). Nothing is scored or logged; the result is token ids per row. The
-        generation cap is `max_new_tokens` for this stage only.
+        generation cap is `max_new_tokens` for this stage only. `stop_token_ids` also end the stage's generation
+        (kept as the last token) with transformers generation; other backends stop at the cap and the caller cuts.
         """
         if len(prompts) % num_generations:
             raise ValueError(f"{len(prompts)} rows cannot be split into blocks of num_generations={num_generations}.")
-        cap = self.max_completion_length
+        cap, eos = self.max_completion_length, self.eos_token_ids
+        config = getattr(self, "generation_config", None)
+        config_eos = config.eos_token_id if config is not None else None
         if max_new_tokens is not None:
             self.set_generation_cap(max_new_tokens)
+        if stop_token_ids and config is not None:
+            # TRL's transformers path stops at generation_config.eos_token_id and masks after the first of
+            # `self.eos_token_ids`: both get the stage's stop tokens, then both are restored.
+            self.eos_token_ids = [*eos, *stop_token_ids]
+            config.eos_token_id = list(self.eos_token_ids)
         try:
             prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)
             completion_ids, _ = self._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)
         finally:
+            self.eos_token_ids = eos
+            if config is not None:
+                config.eos_token_id = config_eos
             if max_new_tokens is not None:
                 self.set_generation_cap(cap)
         return [_as_list(ids) for ids in completion_ids]

@@ -125,9 +125,12 @@ class PTAGRPOTrainer(GRPOExtTrainer):
             inputs = [self._fill_prompt_fields(row) for row in inputs]
         # Stage 1: one plan per block of z rows (rows of a group are its m plans x z continuations, in order).
         plan_rows = inputs[::z]
+        close = f"</{self.args.plan_tag}>"
+        close_ids = self._tokenizer(close, add_special_tokens=False)["input_ids"]
         raw = self.generate_stage([row["prompt"] for row in plan_rows], num_generations=m,
-                                  max_new_tokens=self.args.plan_max_tokens)  # fmt: skip
-        plans, closed = zip(*(truncate_at_tag(ids, self._tokenizer, f"</{self.args.plan_tag}>") for ids in raw))
+                                  max_new_tokens=self.args.plan_max_tokens,
+                                  stop_token_ids=close_ids if len(close_ids) == 1 else ())  # fmt: skip
+        plans, closed = zip(*(truncate_at_tag(ids, self._tokenizer, close) for ids in raw))
         inputs = [dict(row, plan_id=i // z, plan_group=i // group) for i, row in enumerate(inputs)]
         # Stage 2: each plan starts the completion of its z rows, generated in blocks of z.
         self.set_row_prefixes(completion_ids=[plans[i // z] for i in range(len(inputs))], num_generations=z)
