@@ -294,12 +294,16 @@ class GRPOExtConfig(GRPOConfig):
                 f"dynamic_sampling_max_rounds={rounds} refills dropped groups, but dynamic_sampling=False; set "
                 "dynamic_sampling=True, or dynamic_sampling_max_rounds=0."
             )
-        local_rows = self.per_device_train_batch_size * (self.steps_per_generation or 1)
-        if rounds > 0 and local_rows % self.num_generations != 0:
+        if rounds > 0:
+            self.require_whole_groups(f"dynamic_sampling_max_rounds={rounds} (or set it to 0)")
+
+    def require_whole_groups(self, what: str) -> None:
+        """Raise unless each process holds whole groups (every row of a prompt's group on one process)."""
+        rows = self.per_device_train_batch_size * (self.steps_per_generation or 1)
+        if rows % self.num_generations:
             raise ValueError(
-                f"dynamic_sampling_max_rounds={rounds} replaces whole groups on each process, but each process holds "
-                f"per_device_train_batch_size * steps_per_generation = {local_rows} rows, not a multiple of "
-                f"num_generations={self.num_generations}; make it a multiple, or set dynamic_sampling_max_rounds=0."
+                f"{what} works on whole groups per process: per_device_train_batch_size * steps_per_generation "
+                f"({rows}) must be a multiple of num_generations ({self.num_generations})."
             )
 
 

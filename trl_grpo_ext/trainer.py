@@ -311,15 +311,14 @@ class GRPOExtTrainer(GRPOTrainer):
         training = self.model.training
         if training and self._pending_reset is not None:
             self._apply_pending_reset()
-        out = self._score_batch(inputs)
+        out = self._score_batch(self._fill_prompt_fields(inputs))
         if training and getattr(self.args, "dynamic_sampling", False):
             out = self._dynamic_sampling(out)
         return out
 
     def _score_batch(self, inputs):
-        # With no extension on, TRL's result is returned as it is: bit-identical and free.
-        if self.prompt_fields:
-            inputs = [self._fill_prompt_fields(row) for row in inputs]
+        # Inputs arrive with their prompt fields filled. With no extension on, TRL's result is returned as it is:
+        # bit-identical and free.
         if not self._rewrites_advantages and self._row_prefixes is None and self._prefix_columns == (None, None):
             return super()._generate_and_score_completions(inputs)
         if self._row_prefixes is None and self._prefix_columns != (None, None):
@@ -353,7 +352,13 @@ class GRPOExtTrainer(GRPOTrainer):
         """
         self._row_prefixes = RowPrefixes(context_ids, completion_ids, num_generations)
 
-    def _fill_prompt_fields(self, row: dict) -> dict:
+    def _fill_prompt_fields(self, inputs: list[dict]) -> list[dict]:
+        """`inputs` with `{name}` in each prompt replaced by `prompt_fields[name]`, and the fields as columns."""
+        if not self.prompt_fields:
+            return inputs
+        return [self._fill_row(row) for row in inputs]
+
+    def _fill_row(self, row: dict) -> dict:
         def fill(text: str) -> str:
             for name, value in self.prompt_fields.items():
                 text = text.replace("{" + name + "}", str(value))
@@ -394,8 +399,7 @@ class GRPOExtTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         rewards_per_func = scoring["rewards_per_func"]
         weights = self.reward_weights.to(rewards_per_func.device)
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        rewards = self._total_rewards(rewards_per_func)
         local = len(scoring["prompts"])
         index = self.accelerator.process_index
         completion_mask = out["completion_mask"]
@@ -464,12 +468,17 @@ class GRPOExtTrainer(GRPOTrainer):
         table.extend(gathered)
 
 
+    def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """(N,) weighted sum of the reward functions, NaN where all of them returned None (TRL's rule)."""
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+
     # ------------------------------------------------------------------ dynamic sampling (DAPO)
     def _local_varied_rows(self) -> torch.Tensor:
         """(B,) bool: this process's rows whose group (over all processes) has rewards that vary."""
-        rewards_per_func = self.last_scoring["rewards_per_func"]  # (N, F), all processes
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        rewards = self._total_rewards(self.last_scoring["rewards_per_func"])  # (N,), all processes
         rows = varied_groups(rewards, self.num_generations).repeat_interleave(self.num_generations)  # (N,)
         local = len(self.last_scoring["prompts"])
         index = self.accelerator.process_index
@@ -530,7 +539,7 @@ class GRPOExtTrainer(GRPOTrainer):
             # Its own generator: refills must not shift the global RNG that generation and shuffling draw from.
             self._refill_generator = torch.Generator().manual_seed(self.args.seed + 7919 * self.accelerator.process_index)
         indices = torch.randint(len(dataset), (num_groups,), generator=self._refill_generator).tolist()
-        return [dict(dataset[i]) for i in indices for _ in range(self.num_generations)]
+        return self._fill_prompt_fields([dict(dataset[i]) for i in indices for _ in range(self.num_generations)])
 
     def _pad_values(self) -> dict[str, float]:
         pad = self._tokenizer.pad_token_id

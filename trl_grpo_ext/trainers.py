@@ -106,12 +106,7 @@ class PTAGRPOTrainer(GRPOExtTrainer):
             ]
         if args.advantage_estimator == "group":
             args.advantage_estimator = "pta"
-        local_rows = args.per_device_train_batch_size * args.steps_per_generation
-        if local_rows % args.num_generations:
-            raise ValueError(
-                f"PTA-GRPO shares plans within a process: per_device_train_batch_size * steps_per_generation "
-                f"({local_rows}) must be a multiple of num_generations ({args.num_generations})."
-            )
+        args.require_whole_groups("PTA-GRPO (plans are shared within a process)")
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
 
     def _score_batch(self, inputs):
@@ -121,8 +116,6 @@ class PTAGRPOTrainer(GRPOExtTrainer):
         group = m * z
         if len(inputs) % group:
             raise ValueError(f"a PTA generation batch holds whole groups of {group} rows; got {len(inputs)} rows.")
-        if self.prompt_fields:
-            inputs = [self._fill_prompt_fields(row) for row in inputs]
         # Stage 1: one plan per block of z rows (rows of a group are its m plans x z continuations, in order).
         plan_rows = inputs[::z]
         close = f"</{self.args.plan_tag}>"
@@ -172,12 +165,8 @@ class SegmentGRPOTrainer(GRPOExtTrainer):
                 f"SegmentGRPOTrainer computes its own advantages (segment_advantage={args.segment_advantage!r}); "
                 f"unset advantage_estimator={args.advantage_estimator!r}."
             )
-        local_rows = args.per_device_train_batch_size * args.steps_per_generation
-        if (args.arpo or args.segment_advantage == "reward") and local_rows % args.num_generations:
-            raise ValueError(
-                f"ARPO and segment rewards work on whole groups per process: per_device_train_batch_size * "
-                f"steps_per_generation ({local_rows}) must be a multiple of num_generations ({args.num_generations})."
-            )
+        if args.arpo or args.segment_advantage == "reward":
+            args.require_whole_groups("ARPO branching and segment rewards")
         if not reward_funcs and not kwargs.get("environment_factory"):
             raise ValueError(
                 "SegmentGRPOTrainer needs reward_funcs (the outcome reward, e.g. ['accuracy']); segment rewards go in "
@@ -238,8 +227,6 @@ class SegmentGRPOTrainer(GRPOExtTrainer):
     def _score_batch(self, inputs):
         if not (self.args.arpo and self.model.training):
             return super()._score_batch(inputs)
-        if self.prompt_fields:
-            inputs = [self._fill_prompt_fields(row) for row in inputs]
         m, n, z = self.num_generations, self.args.arpo_initial_rollouts, self.args.arpo_branches
         k, alpha, beta = self.args.arpo_entropy_tokens, self.args.arpo_alpha, self.args.arpo_beta
         groups = len(inputs) // m
