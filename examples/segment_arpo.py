@@ -20,9 +20,9 @@ from trl_grpo_ext.tools import calculator
 
 # ---- hyper-parameters (ARPO: M = 16, N = 8, α = 0.5, β = 0.2) ----
 HPARAMS = dict(segment_by="tool_calls", arpo=True, num_generations=16, per_device_train_batch_size=16,
-               arpo_initial_rollouts=8, arpo_branches=2, arpo_entropy_tokens=10, arpo_alpha=0.5, arpo_beta=0.2,
+               arpo_initial_rollouts=8, arpo_beam_size=2, arpo_entropy_tokens=20, arpo_alpha=0.5, arpo_beta=0.2,
                max_completion_length=1024, learning_rate=1e-6, max_steps=500, logging_steps=10, report_to="none")  # fmt: skip
-TINY_HPARAMS = dict(num_generations=4, per_device_train_batch_size=8, arpo_initial_rollouts=2, arpo_branches=1,
+TINY_HPARAMS = dict(num_generations=4, per_device_train_batch_size=8, arpo_initial_rollouts=2, arpo_beam_size=2,
                     arpo_entropy_tokens=4, max_completion_length=96, learning_rate=1e-3, max_steps=4, logging_steps=1,
                     temperature=0.3,  # the tiny model samples well-formed calls only at a low temperature
                     **CPU_KWARGS)  # fmt: skip
@@ -89,10 +89,10 @@ def main():
     trainer.train()
     trainer.save_model(str(out / "rl"))
     for log in trainer.state.log_history:
-        if "tree/branches" in log:
+        if "arpo/branches" in log:
             print(f"step {log['step']}: tool calls/completion {log.get('tools/call_frequency', 0):.2f}, "
-                  f"segments/completion {log['segments/per_completion']:.2f}, branches {log['tree/branches']:.0f}, "
-                  f"tokens not regenerated {log['tree/generated_tokens_saved']:.0f}, reward {log['reward']:.3f}")  # fmt: skip
+                  f"segments/completion {log['segments/per_completion']:.2f}, branches {log['arpo/branches']:.0f}, "
+                  f"tokens not regenerated {log['arpo/generated_tokens_saved']:.0f}, reward {log['reward']:.3f}")  # fmt: skip
     print(f"saved to {out / 'rl'}")
 
 

@@ -54,3 +54,29 @@ def tiny_cache_dir(tiny_model_path, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cli-cache")
     (cache / "tiny-model").symlink_to(tiny_model_path, target_is_directory=True)
     return cache
+
+
+def script_generation(monkeypatch, trainer, scripts):
+    """Make the policy generate `scripts[row]` token by token (transformers `generate`, sampling included).
+
+    The model's forward returns logits that put all mass on the scripted next token of each row; generation runs
+    without a KV cache so that each call sees the whole sequence. Use it for generation only (not the loss).
+    """
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    vocab = model.config.vocab_size
+    start = {}
+
+    def forward(input_ids=None, attention_mask=None, **kwargs):
+        length = input_ids.size(1)
+        start.setdefault("prompt", length)
+        step = length - start["prompt"]
+        logits = torch.full((input_ids.size(0), length, vocab), -1e4)
+        for row in range(input_ids.size(0)):
+            script = scripts[row % len(scripts)]
+            logits[row, -1, script[min(step, len(script) - 1)]] = 1e4
+        return CausalLMOutputWithPast(logits=logits)
+
+    monkeypatch.setattr(model, "forward", forward)
+    trainer.generation_config.use_cache = False

@@ -65,7 +65,7 @@ def test_prefix_block_size_is_decided_over_all_processes(tiny_model_path, tokeni
     rows at once, `n` = that size), so the decision is taken on the gathered rows, group boundaries and all.
     """
     import trl_grpo_ext.trainer as trainer_module
-    from trl_grpo_ext import GRPOExtTrainer
+    from trl_grpo_ext import GRPOExtTrainer, RolloutPlan
     from trl_grpo_ext.testing import tiny_dataset
 
     from .conftest import make_config, varied_reward
@@ -80,11 +80,16 @@ def test_prefix_block_size_is_decided_over_all_processes(tiny_model_path, tokeni
     hints = ["a"] * 4 + ["b"] * 4 + ["c"] * 4  # groups 0, 1, 2, each sharing its prefix
     process_0, process_1 = [{"hint": h} for h in hints[:6]], [{"hint": h} for h in hints[6:]]
 
+    def plan(rows):
+        plan = RolloutPlan(rows=rows, mode="train", num_generations=4)
+        trainer.extension("prefix_columns").prepare(plan)
+        return plan
+
     def gather_as_process_1(rows):  # what accelerate's gather_object returns on process 1 of 2: process 0's rows first
-        ids = [tuple(tokenizer(row["hint"], add_special_tokens=False)["input_ids"]) for row in process_0]
-        return [(i,) for i in ids] + rows
+        first = plan(process_0)
+        return [(tuple(c), tuple(p), False) for c, p in zip(first.context_ids, first.prefix_ids)] + rows
 
     monkeypatch.setattr(trainer_module, "gather_object", gather_as_process_1)
-    assert trainer._prefixes_from_columns(process_1)["num_generations"] == 4
+    assert trainer._block_size(plan(process_1), 4) == 4
     process_0[5] = {"hint": "d"}  # group 1 no longer shares its prefix, and only process 0 holds the odd row
-    assert trainer._prefixes_from_columns(process_1)["num_generations"] == 1
+    assert trainer._block_size(plan(process_1), 4) == 1

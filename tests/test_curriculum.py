@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trl_grpo_ext import CurriculumGRPOTrainer, GRPOExtTrainer, TokenBudgetCurriculum, get_reward
-from trl_grpo_ext.curriculum import band_length_score, budget_at, triangular_length_score
+from trl_grpo_ext import CurriculumGRPOTrainer, GRPOExtTrainer, TokenBudgetCurriculum, TrainerInputs, get_reward
+from trl_grpo_ext.methods.curriculum import band_length_score, budget_at, triangular_length_score
 from trl_grpo_ext.testing import tiny_dataset
 
 from .conftest import make_config, varied_reward
@@ -37,7 +37,7 @@ def test_uneven_intervals():
         (dict(start=256, end=87, num_decays=0, total_steps=600), "budget_decays=0 must be at least 1"),
         (dict(start=256, end=0, num_decays=3, total_steps=600), "budget_end=0 must be a whole number of tokens, at least 1"),
         (dict(start=0, end=0, num_decays=3, total_steps=600), "budget_start=0"),
-        (dict(start=256, end=87, num_decays=3, total_steps=3), "total_steps=3 is too short for budget_decays=3"),
+        (dict(start=256, end=87, num_decays=3, total_steps=3), "spans 3 step.* too few for budget_decays=3"),
         (dict(start=256, end=87, num_decays=3, total_steps=600, schedule="cosine"), "budget_schedule='cosine'"),
     ],
 )
@@ -140,7 +140,7 @@ def test_resume_continues_the_schedule(tiny_model_path, tokenizer, tmp_path):
     assert _budgets_logged(first) == {1: 16, 2: 16, 3: 10, 4: 10}
     assert {s: b for s, b in _budgets_logged(resumed).items() if s > 4} == {5: 6, 6: 6, 7: 4, 8: 4}
     assert {s: b for s, b in _budgets_logged(full).items() if s > 4} == {5: 6, 6: 6, 7: 4, 8: 4}
-    assert resumed.callback_handler.callbacks[-1].budget == 4
+    assert resumed.extension("curriculum").budget == 4
 
 
 def test_curriculum_trainer_paper_defaults_train(tiny_model_path, tokenizer, tmp_path):
@@ -167,3 +167,17 @@ def test_callback_without_trainer_is_a_clear_error():
 
     with pytest.raises(RuntimeError, match="has no trainer"):
         TokenBudgetCurriculum().on_step_begin(None, TrainerState(max_steps=10), TrainerControl())
+
+
+def test_a_budget_that_nothing_reads_is_an_error_before_the_model_loads(tokenizer, tmp_path):
+    args = make_config(tmp_path, max_steps=4, budget_start=16, budget_end=4)
+    # The model path does not exist: the error must come before anything loads.
+    with pytest.raises(ValueError, match="nothing would act on the budget.*add 'budget_length' to reward_funcs"):
+        GRPOExtTrainer(model=str(tmp_path / "no-model"), reward_funcs=varied_reward, args=args,
+                       train_dataset=tiny_dataset(8), processing_class=tokenizer)  # fmt: skip
+    # Any one of the three makes the budget act: a reward that reads it, {budget} in the prompts, or the cap.
+    for extra, dataset in ((dict(), _budget_prompt_dataset()), (dict(budget_caps_generation=True), tiny_dataset(8))):
+        curriculum = TokenBudgetCurriculum(16, 4, 3, **({"cap_generation": True} if extra else {}))
+        curriculum.check(TrainerInputs(args, [varied_reward], dataset, None, None, None, None))
+    TokenBudgetCurriculum(16, 4).check(TrainerInputs(args, [get_reward("budget_length")], tiny_dataset(8), None, None,
+                                                     None, None))  # fmt: skip

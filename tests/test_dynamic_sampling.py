@@ -1,4 +1,4 @@
-"""Dynamic sampling: zero-variance groups leave the loss; refills are bounded."""
+"""Dynamic sampling: zero-variance groups leave the loss (normalised over the kept rows); refills are bounded."""
 
 import logging
 
@@ -7,7 +7,8 @@ import torch
 
 from trl_grpo_ext import GRPOExtTrainer
 from trl_grpo_ext.advantages import group_advantages
-from trl_grpo_ext.sampling import splice_rows, varied_groups
+from trl_grpo_ext.methods.dynamic_sampling import varied_groups
+from trl_grpo_ext.trainer import KEPT_ROWS, _splice_tensors
 from trl_grpo_ext.testing import tiny_dataset
 
 from .conftest import make_config, varied_reward
@@ -33,13 +34,14 @@ def test_splice_rows_pads_to_a_common_width():
         "advantages": torch.tensor([2.0]),
         "num_items_in_batch": torch.tensor(4.0),
     }
-    out = splice_rows(base, extra, {1: 0}, {"prompt_ids": 9, "completion_ids": 9}, left_padded={"prompt_ids"})
+    rows, sources = torch.tensor([1]), torch.tensor([0])
+    out = _splice_tensors(base, extra, rows, sources, {"prompt_ids": 9, "completion_ids": 9}, {"prompt_ids"})
     assert out["prompt_ids"].tolist() == [[9, 1, 2], [9, 7, 8]]
     assert out["completion_ids"].tolist() == [[4, 9, 9, 9], [1, 2, 3, 4]]
     assert out["advantages"].tolist() == [0.5, 2.0]
     assert out["num_items_in_batch"].item() == 3.0  # scalars are recomputed by the caller
     with pytest.raises(ValueError, match="different keys"):
-        splice_rows(base, {"advantages": extra["advantages"]}, {1: 0}, {}, set())
+        _splice_tensors(base, {"advantages": extra["advantages"]}, rows, sources, {}, set())
 
 
 def flat_for_small_sums(completions, solution, **kwargs):
@@ -69,10 +71,11 @@ def test_drops_exactly_the_zero_variance_groups(tiny_model_path, tokenizer, tmp_
     trainer = _trainer(tiny_model_path, tokenizer, tmp_path, flat_for_small_sums, dataset)
     trainer.model.train()
     out = trainer._generate_and_score_completions(_rows([small, large]))
-    rewards = trainer.last_scoring["rewards_per_func"][:, 0]
+    rewards = trainer.last_batch.rewards_per_func[:, 0]
     assert rewards[:4].tolist() == [1.0] * 4 and rewards[4:].std() > 0
     assert out["advantages"][:4].tolist() == [0.0] * 4
     assert out["tool_mask"][:4].sum() == 0 and out["tool_mask"][4:].eq(1).all()  # dropped rows leave the loss
+    assert out[KEPT_ROWS].tolist() == [0.0] * 4 + [1.0] * 4
     # The kept group's advantages are TRL's, untouched: (r - mean) / (std + 1e-4) over its 4 rows.
     assert torch.allclose(out["advantages"][4:], group_advantages(rewards[4:], 4), atol=1e-6)
     assert out["num_items_in_batch"].item() == out["completion_mask"][4:].sum().item()
@@ -88,7 +91,7 @@ def test_refill_replaces_dropped_groups_with_fresh_prompts(tiny_model_path, toke
                        dynamic_sampling_max_rounds=2)  # fmt: skip
     trainer.model.train()
     out = trainer._generate_and_score_completions(_rows([small, large]))
-    assert out["tool_mask"].eq(1).all(), "the flat group was replaced, so no row is dropped"
+    assert "tool_mask" not in out and KEPT_ROWS not in out, "the flat group was replaced, so no row is dropped"
     assert out["advantages"][:4].abs().sum() > 0
     prompt = tokenizer.decode(out["prompt_ids"][0][out["prompt_mask"][0].bool()])
     assert f"What is {small['prompt'][1]['content'][8:]}" not in prompt  # row 0 now holds another problem
@@ -102,13 +105,13 @@ def test_refill_is_bounded_then_drops_and_warns(tiny_model_path, tokenizer, tmp_
     trainer = _trainer(tiny_model_path, tokenizer, tmp_path, always_one, dataset, dynamic_sampling_max_rounds=3)
     trainer.model.train()
     calls = []
-    original = trainer._score_batch
-    trainer._score_batch = lambda inputs: calls.append(len(inputs)) or original(inputs)
+    original = trainer.score_rows
+    trainer.score_rows = lambda rows, until=None: calls.append(len(rows)) or original(rows, until)
     with caplog.at_level(logging.WARNING, logger="trl_grpo_ext"):
         out = trainer._generate_and_score_completions(_rows(list(dataset)[:2]))
     assert calls == [8, 8, 8, 8]  # the batch, then exactly 3 refill rounds of 2 groups
     assert out["tool_mask"].sum() == 0 and out["advantages"].abs().sum() == 0
-    assert "2 group(s) still have zero reward variance after dynamic_sampling_max_rounds=3" in caplog.text
+    assert "2 group(s) still have zero variance after dynamic_sampling_max_rounds=3" in caplog.text
     assert trainer._metrics["train"]["dynamic_sampling/final_kept_fraction"] == [0.0]
 
 
@@ -127,3 +130,57 @@ def test_dynamic_sampling_config_errors(tmp_path):
         make_config(tmp_path, dynamic_sampling_max_rounds=2)
     with pytest.raises(ValueError, match="dynamic_sampling_max_rounds=-1"):
         make_config(tmp_path, dynamic_sampling=True, dynamic_sampling_max_rounds=-1)
+
+
+def _kept_only(out: dict, kept: list[int]) -> dict:
+    """TRL's output dict of the kept rows alone, as if the dropped rows had never been generated."""
+    rows = torch.tensor(kept)
+    alone = {k: (v[rows] if isinstance(v, torch.Tensor) and v.dim() else v) for k, v in out.items() if k != KEPT_ROWS}
+    alone["tool_mask"] = torch.ones_like(alone["completion_mask"])
+    alone["num_items_in_batch"] = alone["completion_mask"].sum()
+    return alone
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
+def test_drop_only_loss_equals_the_loss_over_the_kept_rows(tiny_model_path, tokenizer, tmp_path, loss_type):
+    dataset = tiny_dataset(16)
+    small = next(row for row in dataset if int(row["solution"]) < 8)
+    large = next(row for row in dataset if int(row["solution"]) >= 8)
+    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, flat_for_small_sums, dataset, loss_type=loss_type,
+                       beta=0.1)  # fmt: skip (a KL term too: it must be averaged over the kept rows as well)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop; this test calls the loss directly
+    out = trainer._generate_and_score_completions(_rows([small, large]))
+    assert out[KEPT_ROWS].tolist() == [0.0] * 4 + [1.0] * 4
+    with torch.no_grad():
+        dropped = trainer.compute_loss(trainer.model, out)
+        alone = trainer.compute_loss(trainer.model, _kept_only(out, [4, 5, 6, 7]))
+        plain = trainer.compute_loss(trainer.model, {k: v for k, v in out.items() if k != KEPT_ROWS})
+    assert alone.abs() > 0
+    assert dropped.item() == pytest.approx(alone.item(), rel=1e-5, abs=1e-7)
+    if loss_type in ("grpo", "dr_grpo"):  # per-row normalised: without the rescale the loss would shrink by 4/8
+        assert plain.item() == pytest.approx(alone.item() / 2, rel=1e-5, abs=1e-7)
+
+
+def correct_for_small_sums(completions, solution, **kwargs):
+    """A correctness reward: always right on problems whose answer is below 8 (no signal there), alternating else."""
+    return [1.0 if int(s) < 8 else float(i % 2) for i, s in enumerate(solution)]
+
+
+correct_for_small_sums.correctness = True
+
+
+def test_the_filter_reads_the_correctness_reward_by_default(tiny_model_path, tokenizer, tmp_path):
+    dataset = tiny_dataset(16)
+    small = next(row for row in dataset if int(row["solution"]) < 8)
+    large = next(row for row in dataset if int(row["solution"]) >= 8)
+    rewards = [correct_for_small_sums, varied_reward]  # the brevity-like term varies in every group
+    for filter_reward, kept in ((None, 0.5), ("total", 1.0), ("varied_reward", 1.0),
+                                ("correct_for_small_sums", 0.5)):  # fmt: skip
+        trainer = _trainer(tiny_model_path, tokenizer, tmp_path, rewards, dataset,
+                           dynamic_sampling_reward=filter_reward)  # fmt: skip
+        trainer.model.train()
+        trainer._generate_and_score_completions(_rows([small, large]))
+        assert trainer._metrics["train"]["dynamic_sampling/kept_fraction"] == [kept], filter_reward
+    with pytest.raises(ValueError, match="dynamic_sampling_reward='accuracy' is not one of this trainer's rewards"):
+        _trainer(tiny_model_path, tokenizer, tmp_path, rewards, dataset, dynamic_sampling_reward="accuracy")

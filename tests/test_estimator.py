@@ -95,7 +95,7 @@ def test_row_level_estimator_by_dotted_path(tiny_model_path, tokenizer, tmp_path
     )
     trainer.model.train()
     out = trainer._generate_and_score_completions(_generation_batch(trainer, 2))
-    rewards = trainer.last_scoring["rewards_per_func"][:, 0]
+    rewards = trainer.last_batch.rewards_per_func[:, 0]
     assert torch.allclose(out["advantages"], group_advantages(rewards, 4, scale="none"))
     assert "tool_mask" not in out  # no weights returned: the loss mask is TRL's own
 
@@ -121,5 +121,5 @@ def test_group_advantages_match_trl(tiny_model_path, tokenizer, tmp_path):
 def test_bad_estimator_shape_is_a_clear_error(tiny_model_path, tokenizer, tmp_path):
     trainer = _trainer(tiny_model_path, tokenizer, tmp_path, "test_bad_shape")
     trainer.model.train()
-    with pytest.raises(ValueError, match=r"'bad_shape_estimator' returned \(3, 2\); expected a tensor of shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"'bad_shape_estimator' returned advantages of shape \(3, 2\); expected a tensor of shape \(4,\)"):
         trainer._generate_and_score_completions(_generation_batch(trainer))

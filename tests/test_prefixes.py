@@ -66,7 +66,7 @@ def test_context_prefix_joins_the_prompt_and_is_not_trained(tiny_model_path, tok
     assert out["completion_ids"][:, :3].tolist() == [[40 + i % 3, 41, backend.eos_id] for i in range(8)]
     hint = torch.tensor(_ids(tokenizer, "<think>add"))
     assert torch.equal(out["prompt_ids"][0, -len(hint) :], hint)
-    assert "segment_ids" not in out
+    assert trainer.last_batch.segment_ids is None  # nothing of the completion was given
 
 
 def test_completion_prefix_starts_the_completion_and_is_trained(tiny_model_path, tokenizer, tmp_path, backend):
@@ -82,11 +82,11 @@ def test_completion_prefix_starts_the_completion_and_is_trained(tiny_model_path,
     assert out["completion_ids"][4, : len(second) + 3].tolist() == second + [41, 41, backend.eos_id]  # row 4: 40 + 4 % 3
     # Segment ids: 0 on the prefix, 1 on the generated tokens, -1 on padding.
     expected_row4 = [0] * len(second) + [1, 1, 1] + [-1] * (out["completion_ids"].size(1) - len(second) - 3)
-    assert out["segment_ids"][4].tolist() == expected_row4
+    assert trainer.last_batch.segment_ids[4].tolist() == expected_row4
     # Trained: the prefix tokens are in the loss mask (no tool mask removes them).
     assert "tool_mask" not in out and out["completion_mask"][4, : len(second)].all()
     # The reward functions saw the prefix as part of the completion.
-    assert trainer.last_scoring["completions"][0][0]["content"].startswith("<think>3 + 4")
+    assert trainer.last_batch.completions[0][0]["content"].startswith("<think>3 + 4")
     # vLLM's sampling log-probs have no entry for the prefix: NaN there (ratio 1), the backend's values after.
     logps = out["sampling_per_token_logps"][0]
     assert torch.isnan(logps[: len(first)]).all() and logps[len(first)].item() == -1.0
@@ -106,10 +106,14 @@ def test_rows_with_different_prefixes_are_generated_one_by_one(tiny_model_path, 
 
 def test_missing_prefix_column_is_a_clear_error(tiny_model_path, tokenizer, tmp_path, backend):
     dataset = tiny_dataset(2)
-    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, dataset, context_prefix_column="hint")
+    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, _dataset("hint", ["x", "y"]), context_prefix_column="hint")
     trainer.model.train()
+    rows = [dict(row, hint="x") for row in _rows(dataset, 4)]
     with pytest.raises(KeyError, match="context_prefix_column='hint', but the dataset has no such column"):
-        trainer._generate_and_score_completions(_rows(dataset, 4))
+        trainer._generate_and_score_completions([{k: v for k, v in row.items() if k != "hint"} for row in rows])
+    # Checked before the model loads, from the training set's columns (the model path does not exist).
+    with pytest.raises(ValueError, match="context_prefix_column='hint', but the training dataset has no such column"):
+        _trainer(tmp_path / "no-model", tokenizer, tmp_path, dataset, context_prefix_column="hint")
 
 
 def test_completion_prefix_trains_end_to_end(tiny_model_path, tokenizer, tmp_path):
@@ -118,7 +122,7 @@ def test_completion_prefix_trains_end_to_end(tiny_model_path, tokenizer, tmp_pat
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
-    assert all(c[0]["content"].startswith("<think>") for c in trainer.last_scoring["completions"])
+    assert all(c[0]["content"].startswith("<think>") for c in trainer.last_batch.completions)
 
 
 def test_prefix_fields_are_validated(tmp_path):

@@ -7,7 +7,7 @@ import torch
 from peft import LoraConfig
 from transformers import BitsAndBytesConfig, TrainerCallback
 
-from trl_grpo_ext import GRPOExtTrainer, ProRLConfig, ProRLResetCallback, ProRLTrainer, get_reward
+from trl_grpo_ext import GRPOExtTrainer, ProRLConfig, ProRLResetCallback, ProRLTrainer, TrainerInputs, get_reward
 from trl_grpo_ext.testing import cpu_test_config_kwargs, tiny_dataset
 
 from .conftest import make_config, varied_reward
@@ -44,7 +44,9 @@ def test_kl_is_zero_right_after_a_reference_reset(tiny_model_path, tokenizer, tm
     assert kl[2] > 1e-4, "the policy must have moved away from the reference for this test to mean anything"
     assert kl[3] == pytest.approx(0.0, abs=1e-6)
     assert kl[4] > kl[3]
-    assert trainer.reset_history == [{"step": 2, "reference": True, "optimizer": False, "reason": "every 2 steps"}]
+    assert trainer.extension("prorl").history == [
+        {"step": 2, "reference": True, "optimizer": False, "reason": "every 2 steps"}
+    ]
     assert _logged(trainer, "prorl/resets") == {1: 0, 2: 0, 3: 1, 4: 1}
     assert _logged(trainer, "prorl/steps_since_reset") == {1: 1, 2: 2, 3: 1, 4: 2}
     if peft:
@@ -57,7 +59,8 @@ def test_kl_is_zero_right_after_a_reference_reset(tiny_model_path, tokenizer, tm
 def test_lora_reference_adapter_is_a_frozen_copy_at_the_reset(tiny_model_path, tokenizer, tmp_path):
     trainer = _trainer(tiny_model_path, tokenizer, tmp_path, None, peft=True, max_steps=2, learning_rate=5e-2)
     trainer.train()
-    trainer.reset_reference()
+    trainer.add_callback(resets := ProRLResetCallback(reset="reference", every_n_steps=100))
+    resets.reset_reference()
     params = dict(trainer.model.named_parameters())
     policy = {n: p for n, p in params.items() if ".default." in n}
     assert policy
@@ -90,13 +93,14 @@ def test_optimizer_reset_empties_then_rebuilds_the_state(tiny_model_path, tokeni
                        beta=0.0)  # fmt: skip
     trainer.add_callback(probe)
     sizes = []
-    original = trainer.reset_optimizer_state
+    resets = trainer.extension("prorl")
+    original = resets.reset_optimizer_state
 
     def spy():
         original()
         sizes.append(len(trainer.optimizer.optimizer.state))
 
-    trainer.reset_optimizer_state = spy
+    resets.reset_optimizer_state = spy
     trainer.train()
     assert sizes == [0]  # empty right after the reset (applied at the start of step 3)...
     assert probe.steps == {1: 1.0, 2: 2.0, 3: 1.0, 4: 2.0}  # ...then rebuilt: Adam counts from 1 again
@@ -112,10 +116,10 @@ class ReferenceProbe(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.at_start = self.trainer._reference_tensors()
+        self.at_start = self.trainer.extension("prorl").reference_tensors()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.at_step[state.global_step] = self.trainer._reference_tensors()
+        self.at_step[state.global_step] = self.trainer.extension("prorl").reference_tensors()
 
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
@@ -133,8 +137,8 @@ def test_resume_restores_resets_and_reference(tiny_model_path, tokenizer, tmp_pa
     run(tmp_path / "part", max_steps=3)
     resumed, resumed_probe = run(tmp_path / "part", resume=str(tmp_path / "part" / "out" / "checkpoint-3"))
     # The same resets, at the same steps, as the uninterrupted run.
-    assert [r["step"] for r in full.reset_history] == [2, 4]
-    assert resumed.reset_history == full.reset_history
+    assert [r["step"] for r in full.extension("prorl").history] == [2, 4]
+    assert resumed.extension("prorl").history == full.extension("prorl").history
     # The resumed run starts from the reference the uninterrupted run had at step 3 (the policy of the reset at
     # step 2), not from the base model. (Later steps are not compared: GRPO's resumed sampling is not bit-exact.)
     expected = full_probe.at_step[3]
@@ -145,44 +149,48 @@ def test_resume_restores_resets_and_reference(tiny_model_path, tokenizer, tmp_pa
     assert any(not torch.equal(resumed_probe.at_step[6][name], expected[name]) for name in expected)
 
 
-def _stub_trainer(beta=0.1, eval_strategy="steps"):
+def _stub(callback, beta=0.1, eval_strategy="steps"):
+    """The callback with a stand-in trainer that records reset requests instead of applying them."""
     requests = []
-    stub = SimpleNamespace(
-        beta=beta,
-        args=SimpleNamespace(eval_strategy=eval_strategy),
-        reset_pending=False,
-        reset_history=[],
-        request_reset=lambda **kw: requests.append(kw),
-        log_metric=lambda *a: None,
-    )
-    return stub, requests
+    callback.trainer = SimpleNamespace(beta=beta, log_metric=lambda *a, **k: None)
+    callback.request = lambda **kw: requests.append(kw)
+    return callback, requests
+
+
+def _inputs(beta=0.1, eval_strategy="steps"):
+    return TrainerInputs(SimpleNamespace(beta=beta, eval_strategy=eval_strategy), None, None, None, None, None, None)
 
 
 def test_eval_stall_and_kl_triggers():
-    stub, requests = _stub_trainer()
-    callback = ProRLResetCallback.v1(patience=2).attach(stub)
+    callback, requests = _stub(ProRLResetCallback.v1(patience=2))
     for value in [0.5, 0.6, 0.6, 0.55]:  # improves, improves, stalls once, stalls twice -> reset
         callback.on_evaluate(None, None, None, metrics={"eval_reward": value})
     assert requests == [{"reference": True, "optimizer": True, "reason": "eval_reward did not improve on 0.6 for 2 "
                                                                           "evaluations"}]  # fmt: skip
-    assert callback.state_dict() == {"best": 0.6, "bad_evaluations": 0}
+    assert (callback.best, callback.bad_evaluations) == (0.6, 0)
 
-    stub, requests = _stub_trainer()
-    callback = ProRLResetCallback.v2(every_n_steps=1000, kl_threshold=0.05).attach(stub)
+    callback, requests = _stub(ProRLResetCallback.v2(every_n_steps=1000, kl_threshold=0.05))
     callback.on_log(None, None, None, logs={"kl": 0.01})
     callback.on_log(None, None, None, logs={"kl": 0.08})
     assert requests == [{"reference": True, "optimizer": False, "reason": "kl 0.08 > 0.05"}]
 
 
-def test_callback_errors_name_the_fix():
+def test_callback_errors_name_the_fix(tiny_model_path, tokenizer, tmp_path):
     with pytest.raises(ValueError, match="no trigger"):
         ProRLResetCallback()
     with pytest.raises(ValueError, match="reset='all'"):
         ProRLResetCallback(reset="all", every_n_steps=2)
     with pytest.raises(ValueError, match="beta=0.0 keeps none; set beta > 0"):
-        ProRLResetCallback.v2().attach(_stub_trainer(beta=0.0)[0])
+        ProRLResetCallback.v2().check(_inputs(beta=0.0))
     with pytest.raises(ValueError, match="eval_strategy='no'"):
-        ProRLResetCallback.v1().attach(_stub_trainer(eval_strategy="no")[0])
+        ProRLResetCallback.v1().check(_inputs(eval_strategy="no"))
+    # Before any model loads: the model path does not exist.
+    with pytest.raises(ValueError, match="beta=0.0 keeps none"):
+        _trainer(tmp_path / "no-model", tokenizer, tmp_path, ProRLResetCallback.v2(), beta=0.0)
+    with pytest.raises(ValueError, match="two extensions are named 'prorl'"):
+        GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=varied_reward, args=make_config(tmp_path, beta=0.1),
+                       train_dataset=tiny_dataset(4), processing_class=tokenizer,
+                       callbacks=[ProRLResetCallback.v2(), ProRLResetCallback.v1()])  # fmt: skip
 
 
 def test_stop_penalty_gets_the_trainers_stop_tokens(tiny_model_path, tokenizer, tmp_path):

@@ -10,7 +10,7 @@ from .conftest import make_config, varied_reward
 
 def test_method_metrics_are_written_to_tensorboard(tiny_model_path, tokenizer, tmp_path):
     args = make_config(tmp_path, report_to="tensorboard", max_steps=4, budget_start=16,
-                       budget_end=4, dynamic_sampling=True)  # fmt: skip
+                       budget_end=4, budget_caps_generation=True, dynamic_sampling=True)  # fmt: skip
     trainer = GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=varied_reward, args=args,
                              train_dataset=tiny_dataset(8), processing_class=tokenizer)  # fmt: skip
     trainer.train()

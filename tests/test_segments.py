@@ -5,15 +5,17 @@ import re
 import pytest
 import torch
 
-from trl_grpo_ext.rewards.tools import get_tool_call_validity_reward, tool_call_scores, tool_call_validity_reward
-from trl_grpo_ext.segments import (
+from trl_grpo_ext.methods.segments import (
     cut_segments,
+    get_tool_call_validity_reward,
     parse_segment_by,
     segments_from_paragraphs,
     segments_from_regex,
     segments_from_tags,
     segments_from_tool_mask,
     token_char_ends,
+    tool_call_scores,
+    tool_call_validity_reward,
 )
 
 

@@ -1,17 +1,13 @@
-"""Tree and segment advantages (GPG / ARPO, issue 4): hand-computed numbers."""
+"""Tree and segment advantages (GPG / ARPO, PTA): the rollout tree and its credit, on hand-computed numbers."""
 
 import math
 
 import pytest
 import torch
 
-from trl_grpo_ext.advantages import (
-    hard_advantages,
-    segment_reward_advantages,
-    shared_prefix_node_ids,
-    soft_advantages,
-    tree_token_advantages,
-)
+from trl_grpo_ext import Rollout, RolloutBatch
+from trl_grpo_ext.advantages import segment_reward_advantages, tree_estimator, tree_token_advantages
+from trl_grpo_ext.rollout import token_owners
 
 NAN = float("nan")
 EPS = 1e-4  # TRL's std epsilon, the default of every function here
@@ -110,153 +106,80 @@ def test_tree_token_advantages_bad_inputs():
         tree_token_advantages(torch.ones(2), torch.tensor([[0, -2], [0, 1]]))
 
 
-# ---------------------------------------------------------------- node ids from shared prefixes
+# ---------------------------------------------------------------- the tree from parents and shared prefixes
 
 
-def test_shared_prefix_node_ids_token_level_trie():
-    # One group of 3 rows (T = 4): rows 0 and 1 share "5 6", row 2 shares "5" only; row 1 is shorter.
-    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 0], [5, 1, 2, 3]])
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
-    # node id = (lowest sharing row) * T + position
-    expected = torch.tensor(
-        [
-            [0, 1, 2, 3],  # row 0 represents every node it is on
-            [0, 1, 6, -1],  # 1 * 4 + 2 = 6 after the branch; padding -1
-            [0, 9, 10, 11],  # 2 * 4 + 1 = 9: row 2 leaves at position 1
-        ]
-    )
-    assert torch.equal(shared_prefix_node_ids(ids, mask, num_generations=3), expected)
+def test_token_owners_follow_parent_chains():
+    # Row 1 repeats row 0's first 2 tokens; row 2 repeats row 1's first 3 (2 of them row 0's); row 3 is a root.
+    owners = token_owners(parents=[-1, 0, 1, -1], shared=[0, 2, 3, 0], lengths=[4, 4, 3, 2], width=4)
+    expected = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 0, 1, -1], [3, 3, -1, -1]])
+    assert torch.equal(owners, expected)
+    # A child listed before its parent resolves the same way.
+    assert torch.equal(token_owners([1, -1], [2, 0], [3, 3], 3), torch.tensor([[1, 1, 0], [1, 1, 1]]))
 
 
-def test_shared_prefix_node_ids_per_segment():
-    # Segments 0 | 1 | 2. Rows 0, 1 agree on segments 0 and 1 and branch in segment 2. Row 2 has the same tokens
-    # as row 0 through position 3 but cuts them differently (segment 1 ends at 2): it shares segment 0 only.
-    ids = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7, 7], [1, 2, 3, 4, 5, 6]])
-    mask = torch.ones_like(ids)
-    segments = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 2, -1], [0, 0, 1, 2, 2, 2]])
-    # node id = (lowest sharing row) * T + (last position of the segment), T = 6
-    expected = torch.tensor(
-        [
-            [1, 1, 3, 3, 5, 5],  # segment 0 ends at 1, segment 1 at 3, segment 2 at 5 (row 0)
-            [1, 1, 3, 3, 6 + 4, -1],  # its own segment 2 ends at 4: 1 * 6 + 4 = 10
-            [1, 1, 12 + 2, 12 + 5, 12 + 5, 12 + 5],  # 2 * 6 + 2 = 14, 2 * 6 + 5 = 17
-        ]
-    )
-    assert torch.equal(shared_prefix_node_ids(ids, mask, 3, segment_ids=segments), expected)
+def test_rollout_tree_is_checked_and_kept_by_take():
+    rollout = Rollout(prompt_ids=[[1]] * 3, completion_ids=[[5, 6, 7], [5, 6, 9], [5, 8]], completions=["a", "b", "c"],
+                      parents=[-1, 0, 0], shared=[0, 2, 1])  # fmt: skip
+    rollout.check_tree()
+    assert rollout.roots() == [0, 0, 0]
+    taken = rollout.take([2, 0])  # row 2 keeps its parent (now row 1); row 1 is gone
+    assert taken.parents == [1, -1] and taken.shared == [1, 0]
+    assert rollout.take([1]).parents == [-1]  # without its parent a row is a root
+    bad = Rollout(prompt_ids=[[1]] * 2, completion_ids=[[5, 6], [5, 7]], completions=["a", "b"], parents=[-1, 0],
+                  shared=[0, 2])  # fmt: skip
+    with pytest.raises(ValueError, match="row 1 is said to share 2 token"):
+        bad.check_tree()
 
 
-def test_shared_prefix_node_ids_never_join_groups():
-    # Two groups of 2 with identical completions: equal within a group, never across.
-    ids = torch.tensor([[4, 4], [4, 4], [4, 4], [4, 4]])
-    nodes = shared_prefix_node_ids(ids, torch.ones_like(ids), num_generations=2)
-    assert torch.equal(nodes, torch.tensor([[0, 1], [0, 1], [4, 5], [4, 5]]))  # rows 0 and 2 represent
+def _batch(completion_ids, owners, advantages):
+    ids = torch.tensor(completion_ids)
+    mask = (ids >= 0).long()
+    return RolloutBatch(rewards=advantages, rewards_per_func=advantages.unsqueeze(1), reward_func_names=["r"],
+                        reward_weights=torch.ones(1), num_generations=len(ids), process_slice=slice(0, len(ids)),
+                        advantages=advantages, completion_ids=ids.clamp(min=0), completion_mask=mask,
+                        owners=owners)  # fmt: skip
 
 
-def _reference_nodes(ids, mask, g, segments):
-    # The definition, with loops: lowest row of the group with the same tokens and segments through the end e of the
-    # token's segment, and a segment ending at e too; node = row * T + e.
-    rows, length = ids.shape
-    seg = torch.where(mask.bool(), segments, -1)
-    out = torch.full((rows, length), -1)
-    for i in range(rows):
-        for t in range(length):
-            if seg[i, t] < 0:
-                continue
-            e = max(p for p in range(length) if seg[i, p] == seg[i, t])
-            for j in range(i // g * g, i + 1):
-                ends = e + 1 == length or seg[j, e + 1] != seg[j, e]
-                if torch.equal(ids[j, : e + 1], ids[i, : e + 1]) and torch.equal(seg[j, : e + 1], seg[i, : e + 1]):
-                    if ends:
-                        out[i, t] = j * length + e
-                        break
-    return out
+def test_arpo_example_soft_and_hard_credit_on_the_prefix():
+    # The issue's example: advantages [-0.5, -0.5, 1.5, -0.5], row 2 branched from row 0 after 3 tokens. Every row
+    # holds its whole trajectory, so the 3 prefix tokens sit in rows 0 and 2.
+    ids = [[1, 2, 3, 4, 5], [6, 7, 8, 9, -1], [1, 2, 3, 10, 11], [12, 13, -1, -1, -1]]
+    owners = token_owners([-1, -1, 0, -1], [0, 0, 3, 0], [5, 4, 5, 2], 5)
+    leaf = torch.tensor([-0.5, -0.5, 1.5, -0.5])
+    batch = _batch(ids, owners, leaf)
+    # Soft (GRPO over the 4 full sequences): each copy of a prefix token carries its own row's advantage, so the
+    # prefix gets -0.5 + 1.5 = +1.0 in total (it got -0.5 when only row 0 held it).
+    soft = leaf.unsqueeze(1) * batch.completion_mask
+    assert soft[[0, 2], :3].sum(0).tolist() == [1.0, 1.0, 1.0]
+    # Hard: every copy of a shared token gets the mean of the trajectories sharing it, (-0.5 + 1.5) / 2 = 0.5,
+    # once per trajectory: 2 copies x 0.5 = 1.0 in total; unshared tokens keep their row's advantage.
+    hard = tree_estimator(batch)
+    assert hard[0].tolist() == [0.5, 0.5, 0.5, -0.5, -0.5]
+    assert hard[2].tolist() == [0.5, 0.5, 0.5, 1.5, 1.5]
+    assert hard[1].tolist() == [-0.5, -0.5, -0.5, -0.5, 0.0] and hard[3].tolist() == [-0.5, -0.5, 0.0, 0.0, 0.0]
+    assert hard[[0, 2], :3].sum(0).tolist() == [1.0, 1.0, 1.0]
 
 
-def test_shared_prefix_node_ids_match_the_definition_on_random_trees():
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(5):
-        ids = torch.randint(0, 2, (6, 7), generator=generator)  # two token values: many shared prefixes
-        lengths = torch.randint(1, 8, (6,), generator=generator)
-        mask = (torch.arange(7) < lengths.unsqueeze(1)).long()
-        segments = torch.randint(0, 2, (6, 7), generator=generator).cumsum(1)  # random cuts
-        segments = segments - segments[:, :1]
-        nodes = shared_prefix_node_ids(ids, mask, 3, segments)
-        assert torch.equal(nodes, _reference_nodes(ids, mask, 3, segments))
-        tokens = shared_prefix_node_ids(ids, mask, 3)  # every token its own segment: the trie
-        assert torch.equal(tokens, _reference_nodes(ids, mask, 3, torch.arange(7).expand(6, 7)))
-
-
-def test_shared_prefix_node_ids_bad_inputs():
-    ids = torch.ones(4, 3, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"4 rows cannot be split into groups of num_generations=3.*whole groups"):
-        shared_prefix_node_ids(ids, torch.ones_like(ids), 3)
-    with pytest.raises(ValueError, match="must be right-padded"):
-        shared_prefix_node_ids(ids, torch.tensor([[0, 1, 1]] * 4), 2)
-    with pytest.raises(ValueError, match="segment_ids must have shape"):
-        shared_prefix_node_ids(ids, torch.ones_like(ids), 2, segment_ids=torch.zeros(4, 2, dtype=torch.long))
-
-
-# ---------------------------------------------------------------- the three advantage modes
-
-
-def test_soft_advantages_broadcast_grpo():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
-    # mean 0.25, sample std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5
-    a, b = 0.75 / (0.5 + EPS), -0.25 / (0.5 + EPS)
-    expected = torch.tensor([[a, a, a], [b, b, 0.0], [b, 0.0, 0.0], [b, b, b]])
-    assert torch.allclose(soft_advantages(rewards, 4, token_mask=mask), expected)
-    assert torch.allclose(soft_advantages(rewards, 4), torch.tensor([a, b, b, b]))  # (N,) without a mask
-
-
-def test_hard_advantages_on_the_depth_3_tree():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    # scale "none": mean 0.5 -> leaves 0.5, -0.5, -0.5, 0.5; root 0; node 1 (rows 0, 1) 0; node 2 (rows 2, 3) 0
-    expected = torch.tensor(
-        [
-            [0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5],
-            [0.0, 0.0, 0.0, 0.0, -0.5, 0.0, 0.0],
-            [0.0, 0.0, 0.0, -0.5, 0.0, 0.0, 0.0],
-            [0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.0],
-        ]
-    )
-    assert torch.allclose(hard_advantages(rewards, 4, DEPTH3, scale="none"), expected)
-    # ARPO's scale: sample std sqrt(4 * 0.25 / 3) = 0.57735; rewards 1, 1, 0, 0 make the inner nodes non-zero
-    std = math.sqrt(1 / 3) + EPS
-    out = hard_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), 4, DEPTH3)
-    assert out[0, 0] == pytest.approx(0.0, abs=1e-6)  # root: (0.5 + 0.5 - 0.5 - 0.5) / 4
-    assert out[0, 2] == pytest.approx(0.5 / std)  # node 1: rows 0, 1 -> (0.5 + 0.5) / 2
-    assert out[2, 2] == pytest.approx(-0.5 / std)  # node 2: rows 2, 3
-    assert out[3, 5] == pytest.approx(-0.5 / std) and out[3, 6] == 0.0  # leaf, then padding
-
-
-def test_hard_equals_soft_when_nothing_is_shared_and_leaves_out_nan_rows():
-    rewards = torch.tensor([2.0, 0.0, 1.0, 3.0])
-    node_ids = torch.tensor([[0, 0, -1], [1, 1, 1], [2, -1, -1], [3, 3, 3]])
-    assert torch.allclose(hard_advantages(rewards, 2, node_ids), soft_advantages(rewards, 2, node_ids >= 0))
-    # A NaN row shares node 0 with row 0: it is left out of node 0's mean and its own tokens get 0.
-    out = hard_advantages(torch.tensor([1.0, NAN, 0.0]), 3, torch.tensor([[0, 1], [0, 2], [3, 4]]), scale="none")
-    # group mean over scored rows 0.5 -> leaves 0.5, NaN, -0.5; node 0: 0.5 (row 1 left out)
-    assert torch.allclose(out, torch.tensor([[0.5, 0.5], [0.5, 0.0], [-0.5, -0.5]]))
-
-
-def test_hard_advantages_with_node_ids_built_from_prefixes():
-    # Rows 0 and 1 branched after a shared first segment; rows 2 and 3 are independent with distinct prefixes.
-    ids = torch.tensor([[1, 2, 3, 4], [1, 2, 5, 5], [6, 7, 8, 9], [7, 7, 7, 0]])
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])
-    segments = torch.tensor([[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, -1]])
-    nodes = shared_prefix_node_ids(ids, mask, 4, segments)
-    out = hard_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, nodes, scale="none")
-    # leaves 0.75, -0.25, -0.25, -0.25; the shared segment of rows 0, 1: (0.75 - 0.25) / 2 = 0.25
-    expected = torch.tensor(
-        [[0.25, 0.25, 0.75, 0.75], [0.25, 0.25, -0.25, -0.25], [-0.25] * 4, [-0.25, -0.25, -0.25, 0.0]]
-    )
+def test_hard_credit_with_depth_2_branching():
+    # Row 1 branched from row 0 after 2 tokens; row 2 branched from row 1 after 3 tokens (depth 2); row 3 fresh.
+    ids = [[1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 5, 7], [8, 9, 10, -1]]
+    owners = token_owners([-1, 0, 1, -1], [0, 2, 3, 0], [4, 4, 4, 3], 4)
+    leaf = torch.tensor([1.0, -1.0, 2.0, 0.0])
+    out = tree_estimator(_batch(ids, owners, leaf))
+    top = (1.0 - 1.0 + 2.0) / 3  # tokens 0-1: rows 0, 1, 2 share them -> 2/3
+    mid = (-1.0 + 2.0) / 2  # token 2 of rows 1 and 2 (row 1's token 5) -> 0.5
+    expected = torch.tensor([[top, top, 1.0, 1.0], [top, top, mid, -1.0], [top, top, mid, 2.0], [0.0, 0.0, 0.0, 0.0]])
     assert torch.allclose(out, expected)
+    # Summed over copies, each shared token carries the sum of the advantages of the trajectories through it.
+    assert out[:3, 0].sum().item() == pytest.approx(2.0) and out[1:3, 2].sum().item() == pytest.approx(1.0)
 
 
-def test_hard_advantages_need_every_row_of_the_groups():
-    with pytest.raises(ValueError, match="needs the node ids of every row"):
-        hard_advantages(torch.zeros(4), 2, torch.zeros(2, 3, dtype=torch.long))
+def test_without_a_tree_hard_credit_is_grpo():
+    leaf = torch.tensor([2.0, -1.0])
+    batch = _batch([[1, 2, -1], [3, 4, 5]], None, leaf)
+    assert torch.equal(tree_estimator(batch), torch.tensor([[2.0, 2.0, 0.0], [-1.0, -1.0, -1.0]]))
+    assert batch.node_ids.tolist() == [[0, 1, -1], [3, 4, 5]]
 
 
 def test_segment_reward_advantages_group_normalisation():

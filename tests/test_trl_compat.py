@@ -37,6 +37,18 @@ def test_generate_calls_the_seams_we_override():
     assert source.index("self._tokenize_prompts(") < source.index("self._generate_single_turn("), HINT
 
 
+def test_tool_loop_counts_whole_trajectories():
+    source = _source("_tool_call_loop")
+    for call in [
+        'completion[0].get("tool_calls")',  # a continued trajectory's loop starts from its new turn alone
+        "prompt_ids[idx_with_tool] + completion_ids[idx_with_tool] + suffix_ids",  # the whole trajectory so far
+        "len(pct) - len(prompt_ids[i]) > self.max_completion_length",  # the cap counts all of the completion
+        "iteration_num < self.max_tool_calling_iterations",
+        "self._sync_tool_dicts[idx_with_tool]",  # per-row tool tables, sliced for calls over some rows
+    ]:
+        assert call in source, f"GRPOTrainer._tool_call_loop changed ({call} missing): ARPO branches rely on it. {HINT}"
+
+
 def test_loss_takes_token_level_advantages_and_the_tool_mask():
     source = _source("_compute_loss")
     assert "advantages.dim() == 1" in source, f"GRPOTrainer._compute_loss no longer accepts (B, T) advantages. {HINT}"
@@ -45,6 +57,10 @@ def test_loss_takes_token_level_advantages_and_the_tool_mask():
         f"{HINT}"
     )
     assert 'inputs["num_items_in_batch"]' in source, f"the dapo normaliser moved out of num_items_in_batch. {HINT}"
+    # Dropped rows are rescaled away for the losses that divide by the number of rows.
+    for line in ["(per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
+                 "per_token_loss.size(0) * self.max_completion_length"]:  # fmt: skip
+        assert line in source, f"GRPOTrainer._compute_loss normalises rows differently ({line} missing). {HINT}"
 
 
 def test_advantages_are_shuffled_after_scoring():

@@ -2,10 +2,13 @@
 
 from .advantages import get_advantage, list_advantages, register_advantage
 from .batch import RolloutBatch
-from .callbacks import ProRLResetCallback
 from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
-from .curriculum import TokenBudgetCurriculum
+from .extension import Extension, Method, TrainerInputs, get_method, list_methods, register_method
+from .methods.curriculum import TokenBudgetCurriculum
+from .methods.prorl import ProRLResetCallback
+from .methods.pta import PlanValueReward
 from .rewards import get_reward, list_rewards, register_reward
+from .rollout import Rollout, RolloutPlan
 from .trainer import GRPOExtTrainer
 from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer, SegmentGRPOTrainer
 
@@ -21,7 +24,16 @@ __all__ = [
     "ProRLResetCallback",
     "PTAGRPOConfig",
     "PTAGRPOTrainer",
+    "PlanValueReward",
     "SegmentGRPOTrainer",
+    "Extension",
+    "TrainerInputs",
+    "Method",
+    "register_method",
+    "get_method",
+    "list_methods",
+    "Rollout",
+    "RolloutPlan",
     "RolloutBatch",
     "register_reward",
     "get_reward",

@@ -9,62 +9,22 @@ LoRA adapter) with `HfApi.upload_folder`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .callbacks import ProRLResetCallback
-from .curriculum import TokenBudgetCurriculum
+from .extension import get_method, list_methods
 
 RUN_FILE = "trl_grpo_ext_run.json"
 REPOSITORY_URL = "https://github.com/trl-grpo-ext/trl-grpo-ext"
 # Not uploaded: intermediate checkpoints (and their optimizer states), as Trainer.push_to_hub leaves them out.
 IGNORE_PATTERNS = ["checkpoint-*", "_*"]
-
-
-@dataclass(frozen=True)
-class Method:
-    """A training method as the model card names it: its name, its paper, and whether a trainer used it."""
-
-    name: str
-    arxiv: str
-    used: Callable[[object], bool]  # (trainer) -> bool
-
-
-def _has_callback(cls: type) -> Callable[[object], bool]:
-    def used(trainer) -> bool:
-        return any(isinstance(cb, cls) for cb in trainer.callback_handler.callbacks)
-
-    return used
-
-
-# Every method of the package, one row each. The key is also the prefix of the metrics the method logs
-# (`curriculum/budget`, `prorl/resets`), so that a run's logs read by method.
-METHODS: dict[str, Method] = {
-    "grpo": Method("GRPO (DeepSeekMath)", "2402.03300", lambda trainer: True),
-    "curriculum": Method(
-        "Curriculum GRPO (Train Long, Think Short)", "2508.08940", _has_callback(TokenBudgetCurriculum)
-    ),
-    "prorl": Method("ProRL (Prolonged Reinforcement Learning)", "2505.24864", _has_callback(ProRLResetCallback)),
-    "pta": Method(
-        "PTA-GRPO (Plan Then Action)",
-        "2510.01833",
-        lambda trainer: getattr(trainer.args, "num_plans", None) is not None,
-    ),
-    "segments": Method(
-        "GPG segment-level advantages", "2512.10365", lambda trainer: getattr(trainer.args, "segment_by", None) is not None
-    ),
-    "tree": Method("ARPO entropy-guided branching", "2507.19849", lambda trainer: bool(getattr(trainer.args, "arpo", False))),
-    "dynamic_sampling": Method(
-        "Dynamic sampling (DAPO)", "2503.14476", lambda trainer: bool(getattr(trainer.args, "dynamic_sampling", False))
-    ),
-}
+GRPO = ("GRPO (DeepSeekMath)", "2402.03300")
 
 
 def methods_used(trainer) -> list[str]:
-    """The keys of `METHODS` that `trainer` uses, in table order."""
-    return [key for key, method in METHODS.items() if method.used(trainer)]
+    """The names of the registered methods whose extension `trainer` runs, after "grpo", in registration order."""
+    names = {extension.name for extension in getattr(trainer, "extensions", [])}
+    return ["grpo", *(m.name for m in list_methods() if m.name in names and m.arxiv)]
 
 
 def final_metrics(log_history: list[dict]) -> dict[str, float]:
@@ -196,10 +156,15 @@ The last logged value of each metric. A method's own metrics carry its prefix (`
 
 
 def _method_row(key: str) -> str:
-    method = METHODS.get(key)
-    if method is None:  # a record from a version that knew a method this one does not
-        return f"| {key} | |"
-    return f"| {method.name} | [arXiv:{method.arxiv}](https://arxiv.org/abs/{method.arxiv}) |"
+    if key == "grpo":
+        title, arxiv = GRPO
+    else:
+        try:
+            method = get_method(key)
+        except KeyError:  # a record from a version that knew a method this one does not
+            return f"| {key} | |"
+        title, arxiv = method.title, method.arxiv
+    return f"| {title} | [arXiv:{arxiv}](https://arxiv.org/abs/{arxiv}) |"
 
 
 def push(output_dir, repo_id: str, *, private: bool | None = None, token: str | None = None) -> str:

@@ -1,85 +1,106 @@
-"""`GRPOExtTrainer`: TRL's `GRPOTrainer` with a few narrow seams opened. The one module that touches TRL internals.
+"""`GRPOExtTrainer`: TRL's `GRPOTrainer` with an extension pipeline. The one module that touches TRL internals.
 
 Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
 
-- `_calculate_rewards(inputs, prompts, completions, completion_ids_list) -> Tensor (N, F)`: wrapped to keep the
-  gathered rewards, prompts and decoded completions of the batch on the trainer.
-- `_generate_and_score_completions(inputs) -> dict`: wrapped as `out = super()...; out["advantages"] =
-  estimator(batch)`. TRL's loss takes (B,) or (B, T) advantages ("conditionally unsqueeze" in `_compute_loss`).
-  Rows are shuffled right after, in `_prepare_inputs`, so group maths must happen here.
-- `out["tool_mask"]`: the loss masks with `completion_mask * tool_mask`; per-token loss weights are multiplied in,
-  and `out["num_items_in_batch"]` (the dapo / cispo normaliser) is recomputed from the product.
-- `_tokenize_prompts(prompts) -> (prompt_ids, images, multimodal_fields)`: per-row context prefixes join the prompt.
-- `_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, ...) -> (completion_ids,
-  logprobs)`: per-row completion prefixes; it serves transformers, continuous-batching and vLLM generation alike.
-- `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: our state (resets, callbacks'
-  counters, a reset reference) is saved beside TRL's in each checkpoint and restored on `resume_from_checkpoint`.
-- `ref_model` (full fine-tuning) and the PEFT adapter named "ref" (LoRA), which TRL uses as the reference policy
-  when present: overwritten by reference resets.
-- `_generate(prompts)`: hands over a batch that a staged rollout generated already (ARPO); `generate_rollouts` calls
-  TRL's for unscored stages. `_get_per_token_logps_and_entropies`: entropies of unscored rollouts.
+- `_generate_and_score_completions(inputs) -> dict`: the pipeline runs around it (`score_rows`): extensions prepare
+  the rows, TRL generates and scores them, then the estimator and the extensions write advantages, loss weights and
+  dropped rows into its output. Rows are shuffled right after, in `_prepare_inputs`, so group maths happens here.
+  With no extension on and the default estimator, TRL's result is returned as it is: bit for bit, and free.
+- `_generate(prompts) -> (prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images,
+  tool_images)`, called once by `_generate_and_score_completions`: the rollout-owning extension generates here, and
+  its `Rollout` record is turned into this tuple; otherwise TRL's own `_generate` runs from the plan's prefixes.
+- `_tokenize_prompts(prompts) -> (prompt_ids, images, multimodal_fields)`: per-row context ids join the prompt.
+- `_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)`: per-row
+  completion prefixes, a stage's token cap and stop strings, and rows that are already finished; it serves
+  transformers, continuous-batching and vLLM generation alike. TRL's tool loop calls it again, unchanged.
+- `_tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)`: run on
+  branch rows that continue a trajectory after a tool result (ARPO), so that TRL's limits count the whole trajectory.
+- `_calculate_rewards(inputs, prompts, completions, completion_ids_list) -> Tensor (N, F)`: kept for the batch.
+- `_compute_loss(model, inputs)`: rescaled when rows were dropped, so that per-row-normalised losses (grpo, sapo,
+  dr_grpo, luspo) average over the kept rows only.
+- `out["tool_mask"]`: the loss masks with `completion_mask * tool_mask`; per-token loss weights and dropped rows are
+  multiplied in, and `out["num_items_in_batch"]` (the dapo / cispo normaliser) is recomputed from the product.
+- `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: extension state is saved beside
+  TRL's in each checkpoint and restored on `resume_from_checkpoint`.
+- Per-row state that TRL builds for a batch before `_generate` (`_sync_tool_dicts`, `_async_tool_dicts`,
+  `_batch_environments`): sliced while a generation call covers a subset of the batch's rows.
 
 `tests/test_trl_compat.py` checks every seam named here and fails, naming it, when TRL renames or reshapes one.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
+import contextlib
+import functools
 import logging
 import os
-from dataclasses import dataclass
 
 import torch
+import transformers
 from accelerate.utils import gather_object
+from packaging.version import Version
+from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
+from trl.chat_template_utils import parse_response
+from trl.data_utils import is_conversational
+from trl.extras.profiling import profiling_context
 
 from .advantages import get_advantage, trl_group
 from .batch import RolloutBatch
-from .rewards import REWARDS, get_reward
-from .sampling import splice_rows, varied_groups
+from .extension import Extension, TrainerInputs, list_methods
+from .rewards import resolve_rewards
+from .rollout import Rollout, RolloutPlan, turn_messages
 
 logger = logging.getLogger(__name__)
 
-# The TRL private methods this module wraps, with the parameters it relies on; tests/test_trl_compat.py checks them.
+# The TRL private methods this module wraps or calls, with the parameters it relies on; tests/test_trl_compat.py checks
+# them.
 TRL_SEAMS = {
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
     "_generate_and_score_completions": ["self", "inputs"],
     "_tokenize_prompts": ["self", "prompts"],
     "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
+    "_tool_call_loop": [
+        "self", "prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields",
+    ],
+    "_generate": ["self", "prompts"],
+    "_compute_loss": ["self", "model", "inputs"],
     "_save_checkpoint": ["self", "model", "trial"],
     "_load_optimizer_and_scheduler": ["self", "checkpoint"],
-    "_generate": ["self", "prompts"],
-    "_get_per_token_logps_and_entropies": [
-        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
-        "compute_aux_loss",
-    ],
 }  # fmt: skip
-# Trainer attributes read here (set by GRPOTrainer.__init__).
+# Trainer attributes read here (set by GRPOTrainer.__init__ or per batch by _generate_and_score_completions).
 TRL_ATTRIBUTES = [
     "reward_weights", "reward_func_names", "reward_funcs", "num_generations", "num_generations_eval", "_logs",
     "_metrics", "_tokenizer", "eos_token_ids", "max_completion_length", "beta", "ref_model", "generation_config",
-    "generation_kwargs", "_get_output_dir", "environment_factories", "_standalone_tools",
+    "generation_kwargs", "_get_output_dir", "environment_factories", "tools", "max_tool_calling_iterations",
+    "temperature", "loss_type", "use_vllm", "use_transformers_continuous_batching", "rollout_func",
 ]  # fmt: skip
+# Losses that average per row (or divide by the number of rows): rows taken out of the loss must leave the count too.
+ROW_NORMALISED_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")
+# The key of TRL's output dict that marks the rows kept in the loss when some were dropped.
+KEPT_ROWS = "trl_grpo_ext_kept_rows"
+STATE_FILE = "trl_grpo_ext_state.pt"
 
 
-@dataclass
-class RowPrefixes:
-    """Token prefixes for the rows of the next generation call (one list of ids per row, or None)."""
+class _Stage:
+    """What the next TRL generation call applies: per-row context and completion prefixes, a cap, stop strings."""
 
-    context_ids: list[list[int]] | None = None  # joins the prompt: generated after, never trained
-    completion_ids: list[list[int]] | None = None  # starts the completion: continued, and trained
-    num_generations: int | None = None  # the block size the generation backend sees (vLLM server: `n`)
-    consumed: bool = False
+    def __init__(self, context_ids, prefix_ids, block, finished=None, max_new_tokens=None, stop=(), prefix_logprobs=None):
+        self.context_ids, self.prefix_ids, self.block = context_ids, prefix_ids, block
+        self.finished = finished or [False] * len(prefix_ids)
+        self.max_new_tokens, self.stop, self.prefix_logprobs = max_new_tokens, list(stop), prefix_logprobs
+        self.consumed = False  # prefixes apply to the first call only; the tool loop's later calls are TRL's
 
 
 class GRPOExtTrainer(GRPOTrainer):
-    """`GRPOTrainer` with pluggable advantages, per-token loss weights and generation from per-row prefixes.
+    """`GRPOTrainer` with an extension pipeline: methods, estimators, per-token loss weights, per-row prefixes.
 
     A drop-in replacement: with `GRPOExtConfig` defaults (or a plain `GRPOConfig`) it trains bit for bit like
-    `GRPOTrainer`. Reward functions may also be given by registry name or dotted import path
-    (`reward_funcs=["tag_format", "accuracy"]`); other strings keep TRL's meaning, a reward model id.
+    `GRPOTrainer`. Methods switch on through their config fields, or come as `extensions=[...]` (or as callbacks that
+    are extensions, such as `ProRLResetCallback`). Reward functions may be given by registry name, `name:key=value`,
+    `{name: {params}}` or dotted import path (`reward_funcs=["tag_format", "accuracy"]`); other strings keep TRL's
+    meaning, a reward model id.
 
     >>> from trl_grpo_ext import GRPOExtConfig, GRPOExtTrainer
     >>> trainer = GRPOExtTrainer(  # doctest: +SKIP
@@ -92,71 +113,109 @@ class GRPOExtTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "trl-grpo-ext"]
 
-    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pos, **kwargs):
-        # Resolve our names before TRL loads any model, so that a typo fails in a second, not after a download.
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pos, extensions=None, **kwargs):
+        # Resolve our names and check every extension before TRL loads any model: a typo fails in a second.
         estimator_name = getattr(args, "advantage_estimator", "group")
         estimator = get_advantage(estimator_name)
         if callable(estimator_name):
             # The config is pickled into every checkpoint (training_args.bin); a closure would not pickle.
             args.advantage_estimator = f"{estimator_name.__module__}.{estimator_name.__qualname__}"
-        reward_funcs = _resolve_rewards(reward_funcs)
+        reward_funcs = resolve_rewards(reward_funcs)
+        self.extensions = _build_extensions(args, kwargs.get("callbacks"), extensions)
+        inputs = TrainerInputs(
+            args=args, reward_funcs=reward_funcs, train_dataset=kwargs.get("train_dataset", pos[0] if pos else None),
+            eval_dataset=kwargs.get("eval_dataset"), tools=kwargs.get("tools"),
+            environment_factory=kwargs.get("environment_factory"), rollout_func=kwargs.get("rollout_func"),
+        )  # fmt: skip
+        for extension in self.extensions:
+            extension.check(inputs)
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
         self.advantage_estimator = estimator
-        self._rewrites_advantages = estimator is not trl_group
-        self._prefix_columns = (
-            getattr(self.args, "context_prefix_column", None),
-            getattr(self.args, "completion_prefix_column", None),
-        )
-        self._row_prefixes: RowPrefixes | None = None
-        self.pregenerated: tuple | None = None  # a rollout generated in stages, for `_generate` to hand over
-        self.last_scoring: dict | None = None
-        # `{name}` in prompts is replaced by the value, and reward functions get it as a column (curriculum budget).
-        self.prompt_fields: dict[str, object] = {}
+        self.last_batch: RolloutBatch | None = None
+        self._plan: RolloutPlan | None = None  # the rows being scored, while TRL scores them
+        self._rollout: Rollout | None = None  # their generation record, from `_generate` on
+        self._scores: tuple | None = None  # their gathered (N, F) rewards, and the prompts and completions scored
+        self._stage: _Stage | None = None
         for module in (self.model, getattr(self, "ref_model", None)):
             _disable_bnb_cpu_weight_repacking(module)
-        # Rewards that need the policy's tokenizer or stop tokens declare the attribute and leave it None.
+        # Rewards that need the policy's tokenizer, stop tokens or the trainer declare the attribute and leave it None.
         for reward in self.reward_funcs:
-            for attribute, value in (("tokenizer", self._tokenizer), ("eos_token_ids", self.eos_token_ids)):
+            for attribute, value in (("tokenizer", self._tokenizer), ("eos_token_ids", self.eos_token_ids),
+                                     ("trainer", self)):  # fmt: skip
                 if hasattr(reward, attribute) and getattr(reward, attribute) is None:
                     setattr(reward, attribute, value)
-        self.reset_history: list[dict] = []  # applied reference / optimizer resets (ProRL)
-        self._pending_reset: dict | None = None
-        self._refill_generator: torch.Generator | None = None
         for callback in self.callback_handler.callbacks:
             if hasattr(callback, "attach"):
                 callback.attach(self)
-        if getattr(self.args, "budget_start", None) is not None:
-            from .curriculum import TokenBudgetCurriculum
+        for extension in self.extensions:
+            self._setup_extension(extension)
 
-            self.add_callback(
-                TokenBudgetCurriculum(
-                    budget_start=self.args.budget_start,
-                    budget_end=self.args.budget_end,
-                    budget_decays=self.args.budget_decays,
-                    schedule=self.args.budget_schedule,
-                    total_steps=self.args.budget_total_steps,
-                    cap_generation=self.args.budget_caps_generation,
-                )
-            )
+    # ------------------------------------------------------------------ extensions
+    def _setup_extension(self, extension: Extension) -> None:
+        extension.setup(self)
+        if isinstance(extension, TrainerCallback) and extension not in self.callback_handler.callbacks:
+            super().add_callback(extension)
+
+    @property
+    def _plain(self) -> bool:
+        return not self.extensions and self.advantage_estimator is trl_group
+
+    def extension(self, name: str) -> Extension:
+        """The extension of this trainer named `name` (`trainer.extension("prorl").history`)."""
+        for extension in self.extensions:
+            if extension.name == name:
+                return extension
+        raise KeyError(f"this trainer has no {name!r} extension; it has: {[e.name for e in self.extensions] or 'none'}.")
+
+    def add_extension(self, extension: Extension) -> Extension:
+        """Switch an extension on after construction (before training)."""
+        self.extensions = _check_extensions([*self.extensions, extension])
+        extension.check(TrainerInputs(
+            args=self.args, reward_funcs=self.reward_funcs, train_dataset=self.train_dataset,
+            eval_dataset=self.eval_dataset, tools=self.tools, environment_factory=self.environment_factories,
+            rollout_func=self.rollout_func,
+        ))  # fmt: skip
+        self._setup_extension(extension)
+        return extension
 
     def add_callback(self, callback):
-        """`Trainer.add_callback`, plus: a callback with an `attach(trainer)` method is handed this trainer."""
-        super().add_callback(callback)
+        """`Trainer.add_callback`, plus: an extension is switched on, and an `attach(trainer)` method is called."""
+        if isinstance(callback, Extension) and callback not in self.extensions:
+            self.add_extension(callback)
+        else:
+            super().add_callback(callback)
         if hasattr(callback, "attach"):
             callback.attach(self)
 
+    @property
+    def _rollout_owner(self) -> Extension | None:
+        return next((e for e in self.extensions if e.owns_rollout), None)
+
+    # ------------------------------------------------------------------ engine API for extensions
     def log_metric(self, name: str, value: float, mode: str = "train") -> None:
         """Log a scalar with TRL's own metrics (averaged over each logging step, sent to `report_to`)."""
         self._metrics[mode][name].append(float(value))
 
+    @property
+    def tokenizer(self):
+        """The policy's tokenizer (the processor's, for a VLM)."""
+        return self._tokenizer
+
+    @property
+    def current_rollout(self) -> Rollout | None:
+        """The `Rollout` being scored: reward functions that need its tree (PTA's plan value) read it."""
+        return self._rollout
+
     def set_generation_cap(self, max_new_tokens: int) -> None:
         """Cap the next generations at `max_new_tokens`, everywhere TRL keeps the cap.
 
-        That is `max_completion_length` (the tool-call loop's limit, and `dr_grpo`'s loss normaliser), the
-        transformers generation config and kwargs, and the vLLM generation's `max_tokens`.
+        That is `max_completion_length` (the whole trajectory's limit in the tool loop, and `dr_grpo`'s loss
+        normaliser), the transformers generation config and kwargs, and the vLLM generation's `max_tokens`.
         """
-        max_new_tokens = int(max_new_tokens)
-        self.max_completion_length = max_new_tokens
+        self.max_completion_length = int(max_new_tokens)
+        self._set_backend_cap(int(max_new_tokens))
+
+    def _set_backend_cap(self, max_new_tokens: int) -> None:
         if getattr(self, "generation_config", None) is not None:
             self.generation_config.max_new_tokens = max_new_tokens
         if isinstance(getattr(self, "generation_kwargs", None), dict):
@@ -165,296 +224,408 @@ class GRPOExtTrainer(GRPOTrainer):
             self.vllm_generation.max_completion_length = max_new_tokens
 
     def generate_stage(
-        self, prompts: list, num_generations: int, max_new_tokens: int | None = None, stop_token_ids: list[int] = ()
-    ) -> list[list[int]]:
-        """Generate one completion per row of `prompts`, for a stage of a staged rollout (a PTA plan, say).
+        self,
+        prompts: list,
+        plan: RolloutPlan,
+        *,
+        num_generations: int,
+        max_new_tokens: int | None = None,
+        stop: list[str] = (),
+        rows: list[int] | None = None,
+    ) -> tuple[list[list[int]], list[list[float | None]] | None]:
+        """One completion per row of `prompts`, single turn, unscored: a stage of a staged rollout (a PTA plan).
 
-        Rows come in blocks of `num_generations` consecutive rows that share their prompt (vLLM server mode asks
-        for `n=num_generations` per block). Nothing is scored or logged; the result is token ids per row. The
-        generation cap is `max_new_tokens` for this stage only. `stop_token_ids` also end the stage's generation
-        (kept as the last token) with transformers generation; other backends stop at the cap and the caller cuts.
+        `plan` holds the rows' context and completion prefixes (`plan.select(rows)` of the batch's plan); the result
+        starts with each row's completion prefix. Rows come in blocks of `num_generations` consecutive rows that share
+        their prompt and prefixes (vLLM server mode asks for `n=num_generations` per block). `max_new_tokens` caps this
+        stage (within `max_completion_length`); generation stops at the first of `stop` (transformers: stop strings
+        with the policy's tokenizer; vLLM: `stop`), whatever the number of tokens it takes, and at EOS. `rows` are the
+        batch rows the prompts belong to (default: all). Returns token ids and sampling log-probs (None without them).
         """
-        if len(prompts) % num_generations:
-            raise ValueError(f"{len(prompts)} rows cannot be split into blocks of num_generations={num_generations}.")
-        cap, eos = self.max_completion_length, self.eos_token_ids
-        config = getattr(self, "generation_config", None)
-        config_eos = config.eos_token_id if config is not None else None
-        if max_new_tokens is not None:
-            self.set_generation_cap(max_new_tokens)
-        if stop_token_ids and config is not None:
-            # TRL's transformers path stops at generation_config.eos_token_id and masks after the first of
-            # `self.eos_token_ids`: both get the stage's stop tokens, then both are restored.
-            self.eos_token_ids = [*eos, *stop_token_ids]
-            config.eos_token_id = list(self.eos_token_ids)
-        try:
+        block = self._block_size(plan, num_generations)
+        stage = _Stage(plan.context_ids, plan.prefix_ids, block, max_new_tokens=max_new_tokens, stop=stop)
+        with self._staged(stage), self._rows_view(rows), profiling_context(self, "generate_stage"):
             prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)
-            completion_ids, _ = self._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)
-        finally:
-            self.eos_token_ids = eos
-            if config is not None:
-                config.eos_token_id = config_eos
-            if max_new_tokens is not None:
-                self.set_generation_cap(cap)
-        return [_as_list(ids) for ids in completion_ids]
+            completion_ids, logprobs = self._generate_single_turn(prompt_ids, images, multimodal_fields, block)
+        return [_as_list(ids) for ids in completion_ids], logprobs
 
-    def completion_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[torch.Tensor]:
-        """Per-token entropy of the policy's next-token distribution over each completion (no gradient).
+    def generate_rollouts(
+        self,
+        prompts: list,
+        plan: RolloutPlan,
+        *,
+        num_generations: int | None = None,
+        rows: list[int] | None = None,
+        finished: list[bool] | None = None,
+        prefix_logprobs: list[list[float | None]] | None = None,
+    ) -> Rollout:
+        """TRL's whole generation (tool-call loop included) for `prompts`, unscored, from the plan's prefixes.
 
-        Returns one (len(completion),) tensor per row; ARPO reads them after tool results to decide where to branch.
+        `num_generations` is the block size asked for (default: the group size; 1 when the rows of a group differ);
+        it falls to 1 when the rows of a block do not share their prefixes. Rows marked `finished` are not generated
+        further (a PTA plan that ended with EOS): their completion is their prefix. `prefix_logprobs` are the sampling
+        log-probs of the prefixes, where a backend sampled them. `rows` are the batch rows the prompts belong to.
+        """
+        if self.rollout_func is not None and (any(plan.context_ids) or any(plan.prefix_ids)):
+            raise ValueError(
+                "rollout_func generates the rollouts itself, so per-row context / completion prefixes cannot reach it; "
+                "unset rollout_func, or the extension or column that adds prefixes."
+            )
+        block = self._block_size(plan, num_generations or plan.num_generations, finished)
+        stage = _Stage(plan.context_ids, plan.prefix_ids, block, finished=finished, prefix_logprobs=prefix_logprobs)
+        with self._staged(stage), self._rows_view(rows), profiling_context(self, "generate_rollouts"):
+            result = super()._generate(prompts)
+        return _rollout_from_trl(result, [len(p) for p in plan.prefix_ids])
+
+    def continue_rollouts(
+        self,
+        prompts: list,
+        source: Rollout,
+        branches: list[tuple[int, int]],
+        *,
+        rows: list[int] | None = None,
+        tool_iterations: int | None = None,
+    ) -> Rollout:
+        """Continue trajectories of `source` from inside them: one new whole trajectory per `(row, point)`.
+
+        Each new row repeats row `row` of `source` up to completion position `point` (the start of a model turn
+        after a tool result), with its tool mask, sampling log-probs and messages, then the policy generates the rest,
+        TRL's tool loop included. TRL's limits count the whole trajectory: `max_completion_length` tokens, and
+        `tool_iterations` more tool-calling turns (default: what `max_tool_calling_iterations` leaves after the
+        source's turns). `prompts` are the new rows' prompts (TRL's messages); `rows` their batch rows (tool tables).
+        The new rows have no parents set: the caller knows where they go.
+        """
+        if self.environment_factories is not None:
+            raise NotImplementedError(
+                "continuing a trajectory needs a copy of its environment's state; use tools= with environment-free "
+                "functions for branching rollouts."
+            )
+        if not is_conversational({"prompt": prompts[0]}):
+            raise ValueError("continue_rollouts continues conversations: the prompts must be lists of messages.")
+        prompt_ids = [list(source.prompt_ids[r]) for r, _ in branches]
+        prefixes = [list(source.completion_ids[r][:p]) for r, p in branches]
+        masks = [list(source.tool_mask[r][:p]) if source.tool_mask else [1] * p for r, p in branches]
+        lps = [list(source.logprobs[r][:p]) if source.logprobs else None for r, p in branches]
+        turns = [_turns_before(mask + [1], p) for mask, (_, p) in zip(masks, branches, strict=True)]
+        history = [turn_messages(source.completions[r], turn) for (r, _), turn in zip(branches, turns, strict=True)]
+        budgets = [self.max_completion_length - len(prefix) for prefix in prefixes]
+        if min(budgets, default=1) < 1:
+            raise ValueError("a trajectory can only be continued where it has not reached max_completion_length yet.")
+        started = [p + prefix for p, prefix in zip(prompt_ids, prefixes, strict=True)]
+        with self._rows_view(rows), profiling_context(self, "continue_rollouts"):
+            with self._backend_cap(max(budgets)):
+                generated, logprobs = super()._generate_single_turn(started, None, {}, 1)
+            generated = [_as_list(ids)[:budget] for ids, budget in zip(generated, budgets, strict=True)]
+            completions = [[self._parse_turn(ids, started[i])] for i, ids in enumerate(generated)]
+            completion_ids = [prefix + ids for prefix, ids in zip(prefixes, generated, strict=True)]
+            if logprobs is not None:
+                logprobs = [(lp or [None] * len(prefix)) + list(new)[: len(ids)]
+                            for lp, prefix, new, ids in zip(lps, prefixes, logprobs, generated, strict=True)]  # fmt: skip
+            tool_mask = [mask + [1] * len(ids) for mask, ids in zip(masks, generated, strict=True)]
+            if self.tools:
+                loop_prompts = [list(p) + h for p, h in zip(prompts, history, strict=True)]
+                left = tool_iterations if tool_iterations is not None else self.max_tool_calling_iterations - min(turns)
+                with _attribute(self, "max_tool_calling_iterations", max(0, left)):
+                    tool_mask, completions, completion_ids, logprobs, *_ = super()._tool_call_loop(
+                        loop_prompts, prompt_ids, completion_ids, completions, logprobs, None, {}
+                    )
+                # The loop starts every row's mask at ones; the continued prefix keeps its own tool results masked.
+                tool_mask = [mask + list(m[len(mask) :]) for mask, m in zip(masks, tool_mask, strict=True)]
+        completions = [h + list(c) for h, c in zip(history, completions, strict=True)]
+        return Rollout(
+            prompt_ids=prompt_ids, completion_ids=completion_ids, completions=completions, tool_mask=tool_mask,
+            logprobs=logprobs, prefix_lengths=[min((source.prefix_lengths or [0] * len(source))[r], p) for r, p in branches],
+        )  # fmt: skip
+
+    def token_entropies(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int | None = None):
+        """Per row, the entropy of the policy's next-token distribution at each completion token (no gradient).
+
+        With `top_k`, only the k most likely tokens enter the sum, -Σ_top-k p·log p (what a backend that returns
+        top-k log-probs sees; ARPO's reference uses k = 10). Logits are divided by the sampling temperature, as in
+        TRL's log-probs. Returns one (len(completion),) float tensor per row.
         """
         device = self.accelerator.device
         pad = self._tokenizer.pad_token_id
-        prompts = [torch.tensor(p, dtype=torch.long) for p in prompt_ids]
-        completions = [torch.tensor(c if c else [pad], dtype=torch.long) for c in completion_ids]
-        p_len, c_len = max(len(p) for p in prompts), max(len(c) for c in completions)
-        input_ids = torch.full((len(prompts), p_len + c_len), pad, dtype=torch.long)
-        attention = torch.zeros_like(input_ids)
-        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            input_ids[i, p_len - len(p) : p_len], attention[i, p_len - len(p) : p_len] = p, 1  # left-padded prompt
-            input_ids[i, p_len : p_len + len(c)], attention[i, p_len : p_len + len(c)] = c, 1  # right-padded
-        with torch.no_grad():
-            _, entropies, _ = self._get_per_token_logps_and_entropies(
-                self.model, input_ids.to(device), attention.to(device), c_len,
-                batch_size=self.args.per_device_train_batch_size, compute_entropy=True,
-            )  # fmt: skip
-        return [entropies[i, : len(c)].float().cpu() for i, c in enumerate(completion_ids)]
+        out = []
+        size = self.args.per_device_train_batch_size
+        with torch.no_grad(), profiling_context(self, "token_entropies"):
+            for start in range(0, len(prompt_ids), size):
+                prompts = [torch.tensor(p, dtype=torch.long) for p in prompt_ids[start : start + size]]
+                completions = [torch.tensor(c or [pad], dtype=torch.long) for c in completion_ids[start : start + size]]
+                p_len, c_len = max(len(p) for p in prompts), max(len(c) for c in completions)
+                input_ids = torch.full((len(prompts), p_len + c_len), pad, dtype=torch.long)
+                attention = torch.zeros_like(input_ids)
+                for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+                    input_ids[i, p_len - len(p) : p_len], attention[i, p_len - len(p) : p_len] = p, 1  # left-padded
+                    input_ids[i, p_len : p_len + len(c)], attention[i, p_len : p_len + len(c)] = c, 1  # right-padded
+                logits = self.model(
+                    input_ids=input_ids.to(device), attention_mask=attention.to(device), logits_to_keep=c_len + 1
+                ).logits[:, :-1]  # (b, c_len, V): the distribution each completion token was sampled from
+                for i, c in enumerate(completion_ids[start : start + size]):
+                    logp = torch.log_softmax(logits[i, : len(c)].float() / self.temperature, dim=-1)  # (L, V)
+                    if top_k is not None:
+                        logp = logp.topk(min(top_k, logp.size(-1)), dim=-1).values
+                    out.append(-(logp.exp() * logp).sum(-1).cpu())
+        return out
 
-    def generate_rollouts(self, prompts: list, num_generations: int, context_ids: list[list[int]] | None = None):
-        """Run TRL's whole generation (tool-call loop included) for `prompts`, unscored.
+    def score_rows(self, rows: list[dict], until: Extension | None = None) -> RolloutBatch:
+        """Generate and score `rows` (whole groups, TRL's order) through the pipeline; returns the scored batch.
 
-        Returns TRL's `_generate` tuple: (prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields,
-        images, tool_images). `context_ids` (one list per row) continue earlier token sequences: an ARPO branch
-        continues its parent's trajectory after a tool result, token for token.
+        Extensions prepare the rows, the rollout owner (if any) generates them, TRL scores them, then the estimator
+        and every extension's `after_scoring` run, those before `until` only when it is given (an extension scoring
+        extra rows for itself: dynamic-sampling refills). TRL's metrics for these rows are logged as for any batch.
         """
-        self._ensure_tool_dicts(len(prompts))
-        self.set_row_prefixes(context_ids=context_ids, num_generations=num_generations)
+        mode = "train" if self.model.training else "eval"
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        plan = RolloutPlan(rows=[dict(row) for row in rows], mode=mode, num_generations=group)
+        for extension in self.extensions:
+            extension.prepare(plan)
+        saved = (self._plan, self._rollout, self._scores)
+        self._plan = plan
         try:
-            return super()._generate(prompts)
+            out = super()._generate_and_score_completions(plan.rows)
+            batch = self._scored_batch(plan, out, self._rollout, self._scores)
+            if self.advantage_estimator is not trl_group:
+                name = getattr(self.advantage_estimator, "__name__", repr(self.advantage_estimator))
+                result = self.advantage_estimator(batch)
+                advantages, weights = result if isinstance(result, tuple) else (result, None)
+                batch.set_advantages(advantages, source=f"advantage estimator {name!r}")
+                if weights is not None:
+                    batch.scale_loss_weights(weights, source=f"advantage estimator {name!r}")
+            for extension in sorted(self.extensions, key=lambda e: e.order):
+                if until is not None and (extension is until or extension.order >= until.order):
+                    continue
+                extension.after_scoring(batch)
         finally:
-            self._row_prefixes = None
+            self._plan, self._rollout, self._scores = saved
+        return batch
 
-    def _ensure_tool_dicts(self, rows: int) -> None:
-        # TRL builds the per-row tool tables in `_generate_and_score_completions`, right before `_generate`; an
-        # unscored rollout needs them too. Standalone tools only: environments are reset per scored batch.
-        if self.environment_factories is not None:
-            raise NotImplementedError("rollouts outside the scored batch do not support environment_factory yet.")
-        sync = {t.__name__: t for t in self._standalone_tools if not inspect.iscoroutinefunction(t)}
-        async_ = {t.__name__: t for t in self._standalone_tools if inspect.iscoroutinefunction(t)}
-        self._sync_tool_dicts, self._async_tool_dicts = [sync] * rows, [async_] * rows
+    def splice_rows(self, batch: RolloutBatch, extra: RolloutBatch, replace: dict[int, int]) -> RolloutBatch:
+        """`batch` with its local row i replaced by row `replace[i]` of `extra` (both from `score_rows`).
+
+        Replace whole trees (whole groups, say): a row whose tokens are another row's needs that row too. Every
+        process must call this once per round (it gathers the new rows' rewards), with `{}` when it replaces nothing.
+        """
+        targets = torch.tensor(list(replace), dtype=torch.long)
+        sources = torch.tensor(list(replace.values()), dtype=torch.long)
+        pad = self._tokenizer.pad_token_id
+        pads = {"prompt_ids": pad, "completion_ids": pad, "tool_mask": 1}
+        out = _splice_tensors(batch._output, extra._output, targets, sources, pads, {"prompt_ids", "prompt_mask"})
+        rows, width = len(batch.prompts), out["completion_ids"].size(1)
+        if batch.owners is not None or extra.owners is not None:
+            # Owners are row indices: the spliced rows' owners move with them.
+            where = torch.full((len(extra.prompts),), -1, dtype=torch.long)
+            where[sources] = targets
+            theirs = _owners(extra).cpu()
+            moved = torch.where(theirs >= 0, where[theirs.clamp(min=0)], theirs)
+            if bool(((theirs >= 0) & (moved < 0))[sources].any()):
+                raise ValueError("splice_rows: a replacing row shares tokens with a row that is not spliced in.")
+            batch.owners = _splice_one(_owners(batch).cpu(), moved, targets, sources, -1, width).to(out["completion_ids"].device)
+        for name, fill in (("loss_advantages", 0.0), ("loss_weights", 1.0), ("segment_ids", -1)):
+            mine, theirs = getattr(batch, name), getattr(extra, name)
+            if mine is None and theirs is None:
+                continue
+            if mine is not None and theirs is not None and mine.dim() == theirs.dim() == 1:
+                setattr(batch, name, _splice_one(mine, theirs, targets, sources, fill))
+                continue
+            mine, theirs = _dense(mine, batch, fill), _dense(theirs, extra, fill)
+            setattr(batch, name, _splice_one(mine, theirs, targets, sources, fill, width))
+        if batch.dropped is not None or extra.dropped is not None:
+            mine = batch.dropped if batch.dropped is not None else torch.zeros(rows, dtype=torch.bool)
+            theirs = extra.dropped if extra.dropped is not None else torch.zeros(len(extra.prompts), dtype=torch.bool)
+            batch.dropped = _splice_one(mine, theirs, targets, sources, False)
+        for values, new in [(batch.prompts, extra.prompts), (batch.completions, extra.completions),
+                            *((batch.columns[k], extra.columns[k]) for k in batch.columns)]:  # fmt: skip
+            for t, s in replace.items():
+                values[t] = new[s]
+        local = batch.local(batch.rewards_per_func).clone()
+        local[targets.to(local.device)] = extra.local(extra.rewards_per_func)[sources.to(local.device)]
+        batch.rewards_per_func = self.accelerator.gather(local)
+        batch.rewards = self._total_rewards(batch.rewards_per_func)
+        batch.completion_ids, batch.completion_mask = out["completion_ids"], out["completion_mask"]
+        batch.tool_mask, batch.advantages = out.get("tool_mask"), out["advantages"]
+        batch.old_per_token_logps, batch.ref_per_token_logps = out.get("old_per_token_logps"), out.get("ref_per_token_logps")
+        batch.rollout = None  # the generation record no longer describes these rows
+        batch._output = out
+        return batch
+
+    # ------------------------------------------------------------------ seams
+    def _generate_and_score_completions(self, inputs):
+        # Seam: `_prepare_inputs` calls this once per generation batch, before that batch's loss, and shuffles the
+        # rows right after. With nothing switched on, TRL's result is returned as it is: bit-identical and free.
+        if self._plain:
+            return super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        for extension in self.extensions:
+            extension.before_batch(mode)
+        batch = self.score_rows(inputs)
+        self.last_batch = batch
+        return self._trl_output(batch)
 
     def _generate(self, prompts: list):
         # Seam: GRPOTrainer._generate(prompts) -> (prompt_ids, completion_ids, tool_mask, completions, logprobs,
-        # extra_fields, images, tool_images), called once by `_generate_and_score_completions`. When a multi-stage
-        # rollout has already generated the batch (ARPO), it is handed over here instead of generating again.
-        if self.pregenerated is not None:
-            result, self.pregenerated = self.pregenerated, None
-            return result
-        return super()._generate(prompts)
-
-    # ------------------------------------------------------------------ seams
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        # Seam: GRPOTrainer._calculate_rewards(inputs, prompts, completions, completion_ids_list) returns
-        # `rewards_per_func = gather(rewards_per_func)`: (N, F) over all processes. Kept, not changed.
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self.last_scoring = {
-            "rewards_per_func": rewards_per_func,
-            "prompts": prompts,
-            "completions": completions,
-            "completion_ids": completion_ids_list,
-        }
-        return rewards_per_func
+        # extra_fields, images, tool_images), called once by `_generate_and_score_completions` after it has built the
+        # batch's tool tables and environments. The rollout owner generates here; else TRL, from the plan's prefixes.
+        plan = self._plan
+        if plan is None:
+            return super()._generate(prompts)
+        owner = self._rollout_owner
+        rollout = owner.rollout(plan, prompts) if owner is not None else None
+        if rollout is None:
+            rollout = self.generate_rollouts(prompts, plan)
+        rollout.check_tree()
+        self._rollout = rollout
+        return (rollout.prompt_ids, rollout.completion_ids, rollout.tool_mask, rollout.completions, rollout.logprobs,
+                rollout.extra_fields, rollout.images, rollout.tool_images or [])  # fmt: skip
 
     def _tokenize_prompts(self, prompts: list):
         # Seam: GRPOTrainer._generate calls `prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)`
         # and uses prompt_ids for generation and for the loss's forward pass: context ids added here are context.
         prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
-        prefixes = self._row_prefixes
-        if prefixes is not None and not prefixes.consumed and prefixes.context_ids is not None:
+        stage = self._stage
+        if stage is not None and not stage.consumed and any(stage.context_ids):
             if any(isinstance(v, list) for v in multimodal_fields.values()):
                 raise NotImplementedError(
                     "context prefixes with per-token multimodal fields (a VLM processor) are not supported yet; "
                     "put the prefix text into the prompt itself."
                 )
-            prompt_ids = [_as_list(p) + c for p, c in zip(prompt_ids, prefixes.context_ids, strict=True)]
+            prompt_ids = [_as_list(p) + c for p, c in zip(prompt_ids, stage.context_ids, strict=True)]
         return prompt_ids, images, multimodal_fields
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         # Seam: GRPOTrainer._generate calls `completion_ids, logprobs = self._generate_single_turn(prompt_ids, images,
-        # multimodal_fields, num_generations)` once, then `_tool_call_loop` calls it again for post-tool turns. Row
-        # prefixes apply to that first call only (they are consumed by it).
-        prefixes = self._row_prefixes
-        if prefixes is None or prefixes.consumed:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images=has_tool_images
-            )
-        prefixes.consumed = True
-        block = prefixes.num_generations or num_generations
-        if prefixes.completion_ids is None:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, block, has_tool_images=has_tool_images
-            )
-        started = [_as_list(p) + c for p, c in zip(prompt_ids, prefixes.completion_ids, strict=True)]
-        generated, logprobs = super()._generate_single_turn(
-            started, images, multimodal_fields, block, has_tool_images=has_tool_images
-        )
-        completion_ids = [c + _as_list(g) for c, g in zip(prefixes.completion_ids, generated, strict=True)]
-        if logprobs is not None:
-            # The prefix was not sampled by the backend: no sampling log-prob (TRL maps None to NaN and gives such
-            # tokens an importance ratio of 1).
-            logprobs = [[None] * len(c) + list(lp) for c, lp in zip(prefixes.completion_ids, logprobs, strict=True)]
-        return completion_ids, logprobs
+        # multimodal_fields, num_generations)` once, then `_tool_call_loop` calls it again for post-tool turns. A
+        # stage applies to that first call only.
+        stage = self._stage
+        if stage is None or stage.consumed:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images=has_tool_images)  # fmt: skip
+        stage.consumed = True
+        prefixes = stage.prefix_ids
+        budgets = [self.max_completion_length - len(p) for p in prefixes]
+        if stage.max_new_tokens is not None:
+            budgets = [min(b, stage.max_new_tokens) for b in budgets]
+        active = [i for i, (done, b) in enumerate(zip(stage.finished, budgets, strict=True)) if not done and b > 0]
+        generated, sampled = {}, ({} if self.use_vllm else None)
+        if active:
+            if len(active) < len(prompt_ids) and (images is not None or multimodal_fields):
+                raise NotImplementedError("rows that are already finished are not supported with images yet.")
+            started = [_as_list(prompt_ids[i]) + prefixes[i] for i in active]
+            # The rows of a block share their prefix and finished flag (`_block_size`): active rows are whole blocks.
+            with self._backend_cap(max(budgets[i] for i in active)), self._stop_strings(stage.stop):
+                ids, logprobs = super()._generate_single_turn(started, images, multimodal_fields, stage.block,
+                                                              has_tool_images=has_tool_images)  # fmt: skip
+            sampled = None if logprobs is None else {}
+            for k, i in enumerate(active):
+                generated[i] = _as_list(ids[k])[: budgets[i]]
+                if sampled is not None:
+                    sampled[i] = list(logprobs[k])[: len(generated[i])]
+        completion_ids = [list(prefix) + generated.get(i, []) for i, prefix in enumerate(prefixes)]
+        if sampled is None:
+            return completion_ids, None
+        # A given prefix was not sampled by the backend: no sampling log-prob (TRL maps None to NaN, ratio 1).
+        known = stage.prefix_logprobs or [[None] * len(prefix) for prefix in prefixes]
+        return completion_ids, [list(known[i]) + sampled.get(i, []) for i in range(len(prefixes))]
 
-    def _generate_and_score_completions(self, inputs):
-        # Seam: `out = super()._generate_and_score_completions(inputs)`; `out["advantages"]` is (B,) for this process.
-        # It runs once per generation batch, before that batch's loss: resets requested since the last batch apply
-        # here, so a batch is never generated under one reference and scored against another.
-        training = self.model.training
-        if training and self._pending_reset is not None:
-            self._apply_pending_reset()
-        out = self._score_batch(self._fill_prompt_fields(inputs))
-        if training and getattr(self.args, "dynamic_sampling", False):
-            out = self._dynamic_sampling(out)
-        return out
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Seam: GRPOTrainer._calculate_rewards(inputs, prompts, completions, completion_ids_list) returns
+        # `rewards_per_func = gather(rewards_per_func)`: (N, F) over all processes. Kept, not changed.
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._scores = (rewards_per_func, prompts, completions)
+        return rewards_per_func
 
-    def _score_batch(self, inputs):
-        # Inputs arrive with their prompt fields filled. With no extension on, TRL's result is returned as it is:
-        # bit-identical and free.
-        if not self._rewrites_advantages and self._row_prefixes is None and self._prefix_columns == (None, None):
-            return super()._generate_and_score_completions(inputs)
-        if self._row_prefixes is None and self._prefix_columns != (None, None):
-            self.set_row_prefixes(**self._prefixes_from_columns(inputs))
-        prefixes = self._row_prefixes
-        try:
-            out = super()._generate_and_score_completions(inputs)
-        finally:
-            self._row_prefixes = None
-        batch = self.build_rollout_batch(inputs, out, prefixes)
-        if batch.segment_ids is not None:
-            out["segment_ids"] = batch.segment_ids
-        if not self._rewrites_advantages:
-            return out
-        return self.apply_advantages(out, batch, self.advantage_estimator(batch))
+    def _compute_loss(self, model, inputs):
+        # Seam: GRPOTrainer._compute_loss(model, inputs) -> loss. Dropped rows have an all-zero loss mask, so they add
+        # nothing to any loss; the per-row losses still divide by all rows of the micro-batch: rescale to the kept.
+        loss = super()._compute_loss(model, inputs)
+        kept = inputs.get(KEPT_ROWS)
+        if kept is not None and self.loss_type in ROW_NORMALISED_LOSSES and kept.sum() > 0:
+            loss = loss * (kept.numel() / kept.sum())
+        return loss
 
-    # ------------------------------------------------------------------ our API
-    def set_row_prefixes(
-        self,
-        context_ids: list[list[int]] | None = None,
-        completion_ids: list[list[int]] | None = None,
-        num_generations: int | None = None,
-    ) -> None:
-        """Give the next generation batch per-row prefixes (token ids, one list per local row).
+    def _save_checkpoint(self, model, trial):
+        # Seam: GRPOTrainer._save_checkpoint(model, trial) saves into `<output_dir>/checkpoint-<global_step>`; TRL
+        # keeps its own extra state there the same way (entropy_ctrl_state.json).
+        super()._save_checkpoint(model, trial)
+        states = {e.name: e.state_dict() for e in self.extensions}
+        if not self.args.should_save or not any(states.values()):
+            return
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        torch.save(states, os.path.join(folder, STATE_FILE))
 
-        `context_ids` join the prompt (generated after, not trained); `completion_ids` start the completion (the
-        policy continues them and they are trained). `num_generations` is the block size the generation backend
-        sees: rows in a block must share their prompt and prefixes (vLLM server mode generates `n` completions per
-        block). By default it is the group size: pass 1 when the rows of a group have different prefixes. (The
-        dataset-column path chooses for you.) Dynamic-sampling refills draw new prompts and do not get these.
-        """
-        self._row_prefixes = RowPrefixes(context_ids, completion_ids, num_generations)
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # Seam: called with the checkpoint folder on `resume_from_checkpoint`, after the model is prepared.
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = os.path.join(checkpoint, STATE_FILE) if checkpoint is not None else None
+        if path is None or not os.path.exists(path):
+            return
+        states = torch.load(path, weights_only=True)
+        for extension in self.extensions:
+            if extension.name in states:
+                extension.load_state_dict(states[extension.name])
 
-    def _fill_prompt_fields(self, inputs: list[dict]) -> list[dict]:
-        """`inputs` with `{name}` in each prompt replaced by `prompt_fields[name]`, and the fields as columns."""
-        if not self.prompt_fields:
-            return inputs
-        return [self._fill_row(row) for row in inputs]
-
-    def _fill_row(self, row: dict) -> dict:
-        def fill(text: str) -> str:
-            for name, value in self.prompt_fields.items():
-                text = text.replace("{" + name + "}", str(value))
-            return text
-
-        prompt = row.get("prompt")
-        if isinstance(prompt, str):
-            prompt = fill(prompt)
-        elif isinstance(prompt, list):
-            prompt = [_fill_message(message, fill) for message in prompt]
-        return {**row, **self.prompt_fields, "prompt": prompt}
-
-    def _prefixes_from_columns(self, inputs: list[dict]) -> dict:
-        mode = "train" if self.model.training else "eval"
-        group = self.num_generations if mode == "train" else self.num_generations_eval
-        result = {}
-        for key, column in zip(("context_ids", "completion_ids"), self._prefix_columns, strict=True):
-            if column is None:
-                continue
-            if column not in inputs[0]:
-                raise KeyError(
-                    f"{key.replace('_ids', '_prefix_column')}={column!r}, but the dataset has no such column "
-                    f"(columns: {sorted(inputs[0])}); add the column or unset the field."
-                )
-            texts = [row[column] or "" for row in inputs]
-            result[key] = [self._tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        rows = [tuple(tuple(ids[i]) for ids in result.values()) for i in range(len(inputs))]
-        # A group can span processes, and all processes must give the backend one block size (vLLM server mode
-        # generates every process's rows in one call): decide on the rows of all processes, in TRL's order.
-        rows = gather_object(rows)
-        shared = all(len(set(rows[i : i + group])) == 1 for i in range(0, len(rows), group))
-        result["num_generations"] = group if shared else 1
-        return result
-
-    def build_rollout_batch(self, inputs: list[dict], out: dict, prefixes: RowPrefixes | None = None) -> RolloutBatch:
-        """The `RolloutBatch` an estimator sees, from TRL's output dict and the kept rewards."""
-        scoring = self.last_scoring
-        mode = "train" if self.model.training else "eval"
-        rewards_per_func = scoring["rewards_per_func"]
-        weights = self.reward_weights.to(rewards_per_func.device)
-        rewards = self._total_rewards(rewards_per_func)
-        local = len(scoring["prompts"])
+    # ------------------------------------------------------------------ conversion to and from TRL
+    def _scored_batch(self, plan: RolloutPlan, out: dict, rollout: Rollout | None, scores: tuple) -> RolloutBatch:
+        """The `RolloutBatch` of TRL's output dict, the kept rewards and the generation record."""
+        scores, prompts, completions = scores
+        mode = plan.mode
+        local = len(plan.rows)
         index = self.accelerator.process_index
-        completion_mask = out["completion_mask"]
-        segment_ids = None
-        if prefixes is not None and prefixes.completion_ids is not None:
-            lengths = torch.tensor([len(c) for c in prefixes.completion_ids], device=completion_mask.device)
-            positions = torch.arange(completion_mask.size(1), device=completion_mask.device)
+        mask = out["completion_mask"]
+        width = mask.size(1)
+        owners = segment_ids = None
+        if rollout is not None and rollout.parents is not None:
+            owners = rollout.owners(width).to(mask.device)
+        if rollout is not None and any(rollout.prefix_lengths or []):
+            lengths = torch.tensor(rollout.prefix_lengths, device=mask.device)
+            positions = torch.arange(width, device=mask.device)
             segment_ids = (positions.unsqueeze(0) >= lengths.unsqueeze(1)).long()  # (B, T): 0 prefix, 1 generated
-            segment_ids = segment_ids.masked_fill(completion_mask == 0, -1)
-        columns = {k: [row[k] for row in inputs] for k in inputs[0] if k not in ("prompt", "completion")}
-        return RolloutBatch(
-            rewards=rewards,
-            rewards_per_func=rewards_per_func,
+            segment_ids = segment_ids.masked_fill(mask == 0, -1)
+        columns = {k: [row.get(k) for row in plan.rows] for k in plan.rows[0] if k not in ("prompt", "completion")}
+        batch = RolloutBatch(
+            rewards=self._total_rewards(scores),
+            rewards_per_func=scores,
             reward_func_names=list(self.reward_func_names),
-            reward_weights=weights,
-            num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
+            reward_weights=self.reward_weights.to(scores.device),
+            num_generations=plan.num_generations,
             process_slice=slice(index * local, (index + 1) * local),
             advantages=out["advantages"],
             completion_ids=out["completion_ids"],
-            completion_mask=completion_mask,
+            completion_mask=mask,
             tool_mask=out.get("tool_mask"),
             segment_ids=segment_ids,
-            prompts=scoring["prompts"],
-            completions=scoring["completions"],
+            owners=owners,
+            prompts=list(prompts),
+            completions=list(completions),
             columns=columns,
             old_per_token_logps=out.get("old_per_token_logps"),
             ref_per_token_logps=out.get("ref_per_token_logps"),
             mode=mode,
             step=self.state.global_step,
+            rollout=rollout,
         )
+        batch._output = out
+        return batch
 
-    def apply_advantages(self, out: dict, batch: RolloutBatch, result) -> dict:
-        """Put an estimator's result into TRL's output dict: advantages, and loss weights if it gave any."""
-        advantages, loss_weights = result if isinstance(result, tuple) else (result, None)
-        name = getattr(self.advantage_estimator, "__name__", repr(self.advantage_estimator))
-        rows, length = batch.completion_ids.shape
-        if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) not in ((rows,), (rows, length)):
-            shape = tuple(advantages.shape) if isinstance(advantages, torch.Tensor) else type(advantages).__name__
-            raise ValueError(
-                f"advantage estimator {name!r} returned {shape}; expected a tensor of shape ({rows},) or "
-                f"({rows}, {length}) for this process's rows (use `batch.local(...)` on values computed over all rows)."
-            )
-        out["advantages"] = torch.nan_to_num(advantages.to(batch.completion_mask.device).float(), nan=0.0)
-        if loss_weights is not None:
-            if tuple(loss_weights.shape) != (rows, length):
-                raise ValueError(
-                    f"advantage estimator {name!r} returned loss weights of shape {tuple(loss_weights.shape)}; "
-                    f"expected ({rows}, {length})."
-                )
-            tool_mask = out.get("tool_mask")
-            tool_mask = torch.ones_like(batch.completion_mask) if tool_mask is None else tool_mask
-            out["tool_mask"] = tool_mask * loss_weights.to(tool_mask.device)
-            loss_mask = out["completion_mask"] * out["tool_mask"]
-            out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        self._log_row_advantages(out["advantages"], out["completion_mask"] * out.get("tool_mask", 1))
+    def _trl_output(self, batch: RolloutBatch) -> dict:
+        """TRL's output dict with the batch's advantages, loss weights and dropped rows written in."""
+        out = batch._output
+        if batch.loss_advantages is None and batch.loss_weights is None and batch.dropped is None:
+            return out
+        advantages = batch.current_advantages.clone()
+        out["advantages"] = advantages
+        if batch.loss_weights is not None or batch.dropped is not None:
+            mask = out.get("tool_mask")
+            mask = torch.ones_like(out["completion_mask"]) if mask is None else mask
+            mask = mask * (batch.loss_weights if batch.loss_weights is not None else 1)
+            if batch.dropped is not None and bool(batch.dropped.any()):
+                dropped = batch.dropped.to(mask.device)
+                mask = mask * (~dropped).unsqueeze(1)
+                advantages[dropped] = 0.0
+                out[KEPT_ROWS] = (~dropped).float()
+            out["tool_mask"] = mask
+            out["num_items_in_batch"] = self.accelerator.gather((out["completion_mask"] * mask).sum()).sum()
+        self._log_row_advantages(advantages, out["completion_mask"] * out.get("tool_mask", 1))
         return out
 
     def _log_row_advantages(self, advantages: torch.Tensor, mask: torch.Tensor) -> None:
@@ -467,7 +638,6 @@ class GRPOExtTrainer(GRPOTrainer):
             table.pop()
         table.extend(gathered)
 
-
     def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
         """(N,) weighted sum of the reward functions, NaN where all of them returned None (TRL's rule)."""
         weights = self.reward_weights.to(rewards_per_func.device)
@@ -475,245 +645,219 @@ class GRPOExtTrainer(GRPOTrainer):
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         return rewards
 
-    # ------------------------------------------------------------------ dynamic sampling (DAPO)
-    def _local_varied_rows(self) -> torch.Tensor:
-        """(B,) bool: this process's rows whose group (over all processes) has rewards that vary."""
-        rewards = self._total_rewards(self.last_scoring["rewards_per_func"])  # (N,), all processes
-        rows = varied_groups(rewards, self.num_generations).repeat_interleave(self.num_generations)  # (N,)
-        local = len(self.last_scoring["prompts"])
-        index = self.accelerator.process_index
-        return rows[index * local : (index + 1) * local].clone()
+    def _parse_turn(self, ids: list[int], prefix: list[int]):
+        # As TRL's `_generate` decodes a first turn ("Decode completions"): `parse_response`, which reads tool calls,
+        # when the tokenizer has a response schema; plain decoding otherwise.
+        tokenizer = self._tokenizer
+        if Version(transformers.__version__) >= Version("5.0.0") and (
+            getattr(tokenizer, "response_template", None) is not None
+            or getattr(tokenizer, "response_schema", None) is not None
+        ):
+            return parse_response(tokenizer, ids, prefix=prefix, tools=self.tools)
+        return {"role": "assistant", "content": self.processing_class.decode(ids, skip_special_tokens=True)}
 
-    def _dynamic_sampling(self, out: dict) -> dict:
-        """Drop zero-variance groups from the loss; first, if asked, refill them with fresh groups (bounded)."""
-        group = self.num_generations
-        keep = self._local_varied_rows().to(out["completion_mask"].device)  # (B,)
-        kept_groups = self.accelerator.gather(keep.float().sum()).sum().item() / group
-        total_groups = self.accelerator.gather(torch.tensor(float(keep.numel()), device=keep.device)).sum().item() / group
-        self.log_metric("dynamic_sampling/kept_fraction", kept_groups / total_groups)
-        max_rounds = self.args.dynamic_sampling_max_rounds
-        rounds = 0
-        while rounds < max_rounds:
-            # Every process runs the same number of rounds (generation and scoring gather across processes).
-            need = int(self.accelerator.gather(((~keep).sum() // group).reshape(1)).max().item())
-            if need == 0:
-                break
-            rounds += 1
-            extra = self._score_batch(self._draw_groups(need))
-            fresh = self._local_varied_rows()
-            dropped = [g for g in range(keep.numel() // group) if not keep[g * group]]
-            usable = [g for g in range(need) if fresh[g * group]]
-            replace = {d * group + j: u * group + j for d, u in zip(dropped, usable) for j in range(group)}
-            if replace:
-                out = splice_rows(out, extra, replace, self._pad_values(), left_padded={"prompt_ids", "prompt_mask"})
-                keep[list(replace)] = True
-        remaining = int(self.accelerator.gather((~keep).sum().reshape(1)).sum().item()) // group
-        if max_rounds > 0:
-            self.log_metric("dynamic_sampling/refill_rounds", rounds)
-            if remaining:
-                logger.warning(
-                    f"dynamic sampling: {remaining} group(s) still have zero reward variance after "
-                    f"dynamic_sampling_max_rounds={max_rounds} refill round(s); they are dropped from this step's "
-                    "loss. Raise dynamic_sampling_max_rounds, or check that the rewards can vary within a group."
-                )
-        self.log_metric("dynamic_sampling/final_kept_fraction", 1.0 - remaining / total_groups)
-        dropped_rows = ~keep
-        out["advantages"] = out["advantages"].clone()
-        out["advantages"][dropped_rows] = 0.0
-        tool_mask = out.get("tool_mask")
-        tool_mask = torch.ones_like(out["completion_mask"]) if tool_mask is None else tool_mask.clone()
-        tool_mask[dropped_rows] = 0
-        out["tool_mask"] = tool_mask
-        out["num_items_in_batch"] = self.accelerator.gather((out["completion_mask"] * tool_mask).sum()).sum()
-        return out
+    def _block_size(self, plan: RolloutPlan, requested: int, finished: list[bool] | None = None) -> int:
+        """`requested`, if every block of that many consecutive rows shares its prefixes (on every process), else 1.
 
-    def _draw_groups(self, num_groups: int) -> list[dict]:
-        """`num_groups` prompts drawn at random from the training set, each repeated for a whole group."""
-        dataset = self.train_dataset
-        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-            raise ValueError(
-                "dynamic_sampling_max_rounds > 0 draws fresh prompts from train_dataset, which must then be a map-style "
-                "dataset (an IterableDataset cannot be indexed); set dynamic_sampling_max_rounds=0 to only drop groups."
-            )
-        if self._refill_generator is None:
-            # Its own generator: refills must not shift the global RNG that generation and shuffling draw from.
-            self._refill_generator = torch.Generator().manual_seed(self.args.seed + 7919 * self.accelerator.process_index)
-        indices = torch.randint(len(dataset), (num_groups,), generator=self._refill_generator).tolist()
-        return self._fill_prompt_fields([dict(dataset[i]) for i in indices for _ in range(self.num_generations)])
-
-    def _pad_values(self) -> dict[str, float]:
-        pad = self._tokenizer.pad_token_id
-        return {"prompt_ids": pad, "completion_ids": pad, "tool_mask": 1, "segment_ids": -1}
-
-    # ------------------------------------------------------------------ reference and optimizer resets (ProRL)
-    def request_reset(self, reference: bool = True, optimizer: bool = False, reason: str = "") -> None:
-        """Reset the reference policy to the current policy and/or clear the optimizer state, at the next generation
-        batch (never between a batch's generation and its loss). Requests before then merge."""
-        if reference and self.beta == 0.0:
-            raise ValueError(
-                "a reference reset was requested, but beta=0.0: TRL then keeps no reference policy. Set beta > 0 "
-                "(ProRL uses a small KL penalty), or reset only the optimizer."
-            )
-        pending = self._pending_reset or {"reference": False, "optimizer": False, "reasons": []}
-        pending["reference"] |= reference
-        pending["optimizer"] |= optimizer
-        pending["reasons"].append(reason)
-        self._pending_reset = pending
-
-    @property
-    def reset_pending(self) -> bool:
-        return self._pending_reset is not None
-
-    def _apply_pending_reset(self) -> None:
-        pending, self._pending_reset = self._pending_reset, None
-        if pending["reference"]:
-            self.reset_reference()
-        if pending["optimizer"]:
-            self.reset_optimizer_state()
-        record = {
-            "step": self.state.global_step,
-            "reference": pending["reference"],
-            "optimizer": pending["optimizer"],
-            "reason": "; ".join(r for r in pending["reasons"] if r),
-        }
-        self.reset_history.append(record)
-        logger.info(f"reset at step {record['step']}: {record}")
-
-    def reset_reference(self) -> None:
-        """Make the reference policy a frozen copy of the current policy, now.
-
-        Full fine-tuning: the reference model's weights are overwritten. LoRA: the frozen adapter "ref", which TRL
-        uses as the reference when present, becomes a copy of the trained adapter (it is added the first time); no
-        base weight moves, 4-bit bases included.
+        vLLM server mode gathers the prompts of all processes, keeps every `num_generations`-th one and asks for `n`
+        completions of it: rows of a block must be the same row. All processes must agree on one block size.
         """
-        from peft import PeftModel
+        if requested <= 1:
+            return 1
+        finished = finished or [False] * len(plan.rows)
+        rows = list(zip(map(tuple, plan.context_ids), map(tuple, plan.prefix_ids), finished, strict=True))
+        rows = gather_object(rows)
+        shared = len(rows) % requested == 0 and all(
+            len(set(rows[i : i + requested])) == 1 for i in range(0, len(rows), requested)
+        )
+        return requested if shared else 1
 
-        if self.is_fsdp_enabled or (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3):
-            raise NotImplementedError("reference resets with sharded parameters (FSDP, ZeRO-3) are not supported yet.")
-        model = self.accelerator.unwrap_model(self.model)
-        if isinstance(model, PeftModel):
-            active = model.active_adapter
-            if "ref" not in model.peft_config:
-                model.add_adapter("ref", model.peft_config[active])
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    if f".{active}." in name:
-                        model.get_parameter(name.replace(f".{active}.", ".ref.")).copy_(param)
-            for name, param in model.named_parameters():
-                if ".ref." in name:
-                    param.requires_grad_(False)
-        elif self.ref_model is not None:
-            self.accelerator.unwrap_model(self.ref_model).load_state_dict(model.state_dict())
-        else:
-            raise ValueError("this trainer has no reference policy to reset (beta=0.0?).")
+    # ------------------------------------------------------------------ scoped state
+    @contextlib.contextmanager
+    def _staged(self, stage: _Stage):
+        saved, self._stage = self._stage, stage
+        try:
+            yield
+        finally:
+            self._stage = saved
 
-    def reset_optimizer_state(self) -> None:
-        """Clear the optimizer's state (Adam moments and step counts); it is rebuilt at the next optimizer step."""
-        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate wraps the torch optimizer
-        if optimizer is None:
+    @contextlib.contextmanager
+    def _rows_view(self, rows: list[int] | None):
+        # TRL builds per-row tool tables (and environment names) for the whole batch before `_generate`; a call over
+        # some of the batch's rows must see theirs, in its own row order.
+        names = [n for n in ("_sync_tool_dicts", "_async_tool_dicts", "_batch_environments") if hasattr(self, n)]
+        saved = {n: getattr(self, n) for n in names}
+        try:
+            if rows is not None:
+                for name, values in saved.items():
+                    if values is not None:
+                        setattr(self, name, [values[i] for i in rows])
+            yield
+        finally:
+            for name, values in saved.items():
+                setattr(self, name, values)
+
+    @contextlib.contextmanager
+    def _backend_cap(self, max_new_tokens: int):
+        # The backend's cap for one call; `max_completion_length` (the trajectory's limit) stays as it is.
+        config, kwargs = getattr(self, "generation_config", None), getattr(self, "generation_kwargs", None)
+        vllm = getattr(self, "vllm_generation", None)
+        saved = (
+            config.max_new_tokens if config is not None else None,
+            kwargs.get("max_new_tokens") if isinstance(kwargs, dict) else None,
+            vllm.max_completion_length if vllm is not None else None,
+        )
+        self._set_backend_cap(max_new_tokens)
+        try:
+            yield
+        finally:
+            if config is not None:
+                config.max_new_tokens = saved[0]
+            if isinstance(kwargs, dict):
+                kwargs["max_new_tokens"] = saved[1]
+            if vllm is not None:
+                vllm.max_completion_length = saved[2]
+
+    @contextlib.contextmanager
+    def _stop_strings(self, stop: list[str]):
+        # transformers: `generate` builds its StopStringCriteria only with a tokenizer, and TRL calls
+        # `unwrapped_model.generate(**generate_inputs, generation_config=self.generation_config)` without one; so the
+        # unwrapped model's `generate` gets it for this call. vLLM: its SamplingParams take `stop`. Continuous
+        # batching takes neither: the stage then runs to its cap and the caller cuts at the stop string.
+        if not stop:
+            yield
             return
-        optimizer.state.clear()
-
-    def _reference_tensors(self) -> dict[str, torch.Tensor]:
-        from peft import PeftModel
-
-        model = self.accelerator.unwrap_model(self.model)
-        if isinstance(model, PeftModel):
-            return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if ".ref." in n}
-        ref = self.accelerator.unwrap_model(self.ref_model)
-        return {k: v.detach().cpu().clone() for k, v in ref.state_dict().items()}
-
-    def _load_reference_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        from peft import PeftModel
-
-        model = self.accelerator.unwrap_model(self.model)
-        if isinstance(model, PeftModel):
-            if "ref" not in model.peft_config:
-                model.add_adapter("ref", model.peft_config[model.active_adapter])
-            with torch.no_grad():
-                for name, value in tensors.items():
-                    param = model.get_parameter(name)
-                    param.copy_(value.to(param.device))
-                    param.requires_grad_(False)
-        else:
-            self.accelerator.unwrap_model(self.ref_model).load_state_dict(tensors)
-
-    # ------------------------------------------------------------------ checkpoints
-    STATE_FILE = "trl_grpo_ext_state.json"
-    REFERENCE_FILE = "trl_grpo_ext_reference.pt"
-
-    def _save_checkpoint(self, model, trial):
-        # Seam: GRPOTrainer._save_checkpoint(model, trial) saves into `<output_dir>/checkpoint-<global_step>`; TRL
-        # keeps its own extra state there the same way (entropy_ctrl_state.json).
-        super()._save_checkpoint(model, trial)
-        if not self.args.should_save:
+        if self.use_vllm:
+            kwargs = self.vllm_generation.generation_kwargs
+            saved = dict(kwargs)
+            kwargs.update(stop=list(stop), include_stop_str_in_output=True)
+            try:
+                yield
+            finally:
+                kwargs.clear()
+                kwargs.update(saved)
             return
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        state = {
-            "reset_history": self.reset_history,
-            "pending_reset": self._pending_reset,
-            "callbacks": {type(cb).__name__: cb.state_dict() for cb in self._stateful_callbacks()},
-        }
-        with open(os.path.join(folder, self.STATE_FILE), "w") as f:
-            json.dump(state, f, indent=2)
-        if any(r["reference"] for r in self.reset_history):
-            torch.save(self._reference_tensors(), os.path.join(folder, self.REFERENCE_FILE))
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        # Seam: called with the checkpoint folder on `resume_from_checkpoint`, after the model is prepared.
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or not os.path.exists(os.path.join(checkpoint, self.STATE_FILE)):
+        if self.use_transformers_continuous_batching:
+            yield
             return
-        with open(os.path.join(checkpoint, self.STATE_FILE)) as f:
-            state = json.load(f)
-        self.reset_history = state["reset_history"]
-        self._pending_reset = state["pending_reset"]
-        for callback in self._stateful_callbacks():
-            if type(callback).__name__ in state["callbacks"]:
-                callback.load_state_dict(state["callbacks"][type(callback).__name__])
-        reference = os.path.join(checkpoint, self.REFERENCE_FILE)
-        if os.path.exists(reference):
-            self._load_reference_tensors(torch.load(reference, weights_only=True))
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        own = "generate" in vars(model)
+        original = model.generate
+        saved_stop = self.generation_config.stop_strings
+        self.generation_config.stop_strings = list(stop)
+        model.generate = functools.partial(original, tokenizer=self._tokenizer)
+        try:
+            yield
+        finally:
+            self.generation_config.stop_strings = saved_stop
+            if own:
+                model.generate = original
+            else:
+                del model.generate
 
-    def _stateful_callbacks(self) -> list:
-        return [cb for cb in self.callback_handler.callbacks if hasattr(cb, "state_dict") and hasattr(cb, "load_state_dict")]
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def _build_extensions(args, callbacks, extensions) -> list[Extension]:
+    built = [e for e in (m.extension(args) for m in list_methods() if m.extension is not None) if e is not None]
+    built += [c for c in callbacks or [] if isinstance(c, Extension)]
+    built += list(extensions or [])
+    return _check_extensions(built)
 
 
-def _fill_message(message: dict, fill) -> dict:
-    content = message.get("content")
-    if isinstance(content, str):
-        return {**message, "content": fill(content)}
-    if isinstance(content, list):
-        parts = [{**p, "text": fill(p["text"])} if isinstance(p.get("text"), str) else p for p in content]
-        return {**message, "content": parts}
-    return message
+def _check_extensions(extensions: list[Extension]) -> list[Extension]:
+    names = {}
+    for extension in extensions:
+        if not isinstance(extension, Extension):
+            raise TypeError(f"extensions holds {extension!r}, which is not a trl_grpo_ext.Extension.")
+        if extension.name in names:
+            raise ValueError(
+                f"two extensions are named {extension.name!r} ({type(names[extension.name]).__name__} and "
+                f"{type(extension).__name__}): a method is switched on once; keep one of them."
+            )
+        names[extension.name] = extension
+    owners = [e for e in extensions if e.owns_rollout]
+    if len(owners) > 1:
+        raise ValueError(
+            f"{owners[0].name!r} and {owners[1].name!r} both generate the rollout themselves; only one extension of a "
+            "trainer may own the rollout: switch one of them off."
+        )
+    return extensions
+
+
+def _rollout_from_trl(result: tuple, prefix_lengths: list[int]) -> Rollout:
+    prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = result
+    return Rollout(
+        prompt_ids=[_as_list(p) for p in prompt_ids], completion_ids=[_as_list(c) for c in completion_ids],
+        completions=completions, tool_mask=tool_mask, logprobs=logprobs, prefix_lengths=prefix_lengths,
+        images=images, tool_images=tool_images or None, extra_fields=extra_fields or {},
+    )  # fmt: skip
+
+
+def _splice_tensors(base: dict, extra: dict, targets, sources, pad_values: dict, left_padded: set) -> dict:
+    """`base` with rows `targets` replaced by rows `sources` of `extra`, padding (B, T) tensors to a common T."""
+    if base.keys() != extra.keys():
+        raise ValueError(f"cannot splice batches with different keys: {sorted(base.keys() ^ extra.keys())}")
+    out = {}
+    for key, value in base.items():
+        other = extra[key]
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            out[key] = value  # scalars (num_items_in_batch) are recomputed by the caller
+            continue
+        if not isinstance(value, torch.Tensor) or not isinstance(other, torch.Tensor):
+            raise NotImplementedError(f"rows of batches carrying {key!r} ({type(value).__name__}) cannot be replaced")
+        width = max(value.size(1), other.size(1)) if value.dim() >= 2 else None
+        out[key] = _splice_one(value, other, targets, sources, pad_values.get(key, 0), width, key in left_padded)
+    return out
+
+
+def _splice_one(value, other, targets, sources, fill, width=None, left=False):
+    if width is not None and value.dim() >= 2:
+        value, other = (_pad(t, width, fill, left) for t in (value, other))
+    value = value.clone()
+    value[targets.to(value.device)] = other[sources.to(other.device)].to(value.dtype).to(value.device)
+    return value
+
+
+def _pad(tensor: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    missing = width - tensor.size(1)
+    if missing <= 0:
+        return tensor
+    fill = tensor.new_full((tensor.size(0), missing, *tensor.shape[2:]), value)
+    return torch.cat([fill, tensor] if left else [tensor, fill], dim=1)
+
+
+def _owners(batch: RolloutBatch) -> torch.Tensor:
+    if batch.owners is not None:
+        return batch.owners
+    rows, width = batch.completion_ids.shape
+    return torch.arange(rows, device=batch.completion_ids.device).unsqueeze(1).expand(rows, width)
+
+
+def _dense(value, batch: RolloutBatch, fill: float) -> torch.Tensor:
+    # A (B, T) view of an optional (B,) or (B, T) field, for splicing; a missing one is its neutral value.
+    rows, width = batch.completion_ids.shape
+    if value is None:
+        return torch.full((rows, width), fill, device=batch.completion_ids.device)
+    return value.unsqueeze(1).expand(rows, width) if value.dim() == 1 else value
+
+
+def _turns_before(tool_mask: list[int], point: int) -> int:
+    """The model turn that starts at `point`: how many times the mask goes from tool (0) back to model (1) by then."""
+    return sum(1 for t in range(1, point + 1) if tool_mask[t] == 1 and tool_mask[t - 1] == 0)
+
+
+@contextlib.contextmanager
+def _attribute(obj, name: str, value):
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
 
 
 def _as_list(ids) -> list[int]:
     return ids.tolist() if hasattr(ids, "tolist") else list(ids)
-
-
-def _resolve_rewards(reward_funcs):
-    if reward_funcs is None:
-        return None
-    items = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-    resolved = []
-    for item in items:
-        if isinstance(item, str) and (item in REWARDS.names() or ("." in item and "/" not in item)):
-            item = get_reward(item)
-        if getattr(item, "segment_reward", False):
-            name = getattr(item, "__name__", repr(item))
-            raise ValueError(
-                f"{name!r} is a segment reward (one score per segment), not a scalar reward: give it in "
-                "segment_reward_funcs of SegmentGRPOTrainer, not in reward_funcs."
-            )
-        if callable(item):
-            resolved.append(item)
-        elif isinstance(item, str) and "/" not in item and not os.path.isdir(item):
-            get_reward(item)  # neither a registered name nor a reward model: raises with the known names
-        else:
-            resolved.append(item)  # a string TRL reads as a reward-model id (Hub id or folder)
-    return resolved
 
 
 def _disable_bnb_cpu_weight_repacking(model) -> None:
@@ -729,3 +873,4 @@ def _disable_bnb_cpu_weight_repacking(model) -> None:
     for module in model.modules():
         if isinstance(module, Linear4bit):
             module.support_avx512bf16_for_cpu = False
+

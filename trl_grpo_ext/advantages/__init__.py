@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 from ..registry import Registry
 from .group import group_advantages, trl_group
-from .plan import plan_values, pta_estimator, pta_token_advantages
-from .segment import hard_advantages, segment_reward_advantages, soft_advantages
-from .tree import shared_prefix_node_ids, tree_token_advantages
+from .plan import plan_values
+from .segment import segment_reward_advantages
+from .tree import tree_estimator, tree_token_advantages
 
 ADVANTAGES = Registry("advantage")
 
@@ -40,7 +40,7 @@ def list_advantages() -> list[str]:
 
 
 register_advantage("group", trl_group)
-register_advantage("pta", pta_estimator)
+register_advantage("tree", tree_estimator)
 
 __all__ = [
     "ADVANTAGES",
@@ -50,11 +50,7 @@ __all__ = [
     "group_advantages",
     "trl_group",
     "tree_token_advantages",
-    "shared_prefix_node_ids",
-    "soft_advantages",
-    "hard_advantages",
+    "tree_estimator",
     "segment_reward_advantages",
     "plan_values",
-    "pta_token_advantages",
-    "pta_estimator",
 ]

@@ -1,9 +1,7 @@
-"""Segment-level advantages (GPG / ARPO): the three ways to credit the segments of a completion.
+"""Segment-reward advantages (GPG): outcome advantage plus λ times a group-normalised per-segment reward.
 
-- `soft_advantages`: GRPO over whole trajectories, every token gets its row's advantage (ARPO's "soft" setting).
-- `hard_advantages`: a token shared by several trajectories gets the mean advantage of all of them (ARPO's "hard").
-- `segment_reward_advantages`: outcome advantage plus λ times a group-normalised per-segment reward (turn-level
-  credit without branching, METHODS.md §4).
+Turn-level credit without branching (METHODS.md §4). ARPO's "soft" credit is TRL's own row advantage, and its
+"hard" credit is `tree_token_advantages` on the rollout tree; this is the third way to credit segments.
 
 Pure functions of tensors; rows are in TRL's order (the `num_generations` completions of a prompt contiguous) and a
 group's rows must all be present (tree and group maths need whole groups).
@@ -15,80 +13,9 @@ import math
 
 import torch
 
-from .group import _nanstd, group_advantages
-from .tree import tree_token_advantages
+from .group import _nanstd
 
 SEGMENT_NORMALIZATIONS = ("group", "position", "none")
-
-
-def soft_advantages(
-    rewards: torch.Tensor,
-    num_generations: int,
-    token_mask: torch.Tensor | None = None,
-    scale: str = "group",
-) -> torch.Tensor:
-    """ARPO's "soft" advantage: GRPO over the full trajectories, A_{i,t} = (r_i - mean R) / std R for every token.
-
-    ARPO (arXiv 2507.19849, "Advantage Attribution Estimation", soft setting) keeps the branched trajectories as
-    independent group members: identical to GRPO's group advantage (arXiv 2402.03300, eq. 3), broadcast to the
-    row's tokens.
-
-    Args:
-        rewards: (N,) rewards, groups of `num_generations` contiguous; NaN rows get 0 (`group_advantages`).
-        num_generations: group size G.
-        token_mask: optional (N, T); with it the result is (N, T), the row advantage on tokens where the mask is
-            non-zero and 0 elsewhere. Without it the result is (N,), which TRL's loss broadcasts itself.
-        scale: `"group"`, `"batch"` or `"none"`, as in `group_advantages`.
-
-    >>> soft_advantages(torch.tensor([1.0, 0.0]), 2, token_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]), scale="none")
-    tensor([[ 0.5000,  0.5000,  0.0000],
-            [-0.5000, -0.5000, -0.5000]])
-    """
-    rows = group_advantages(rewards, num_generations, scale=scale)  # (N,)
-    if token_mask is None:
-        return rows
-    if token_mask.dim() != 2 or token_mask.size(0) != rows.numel():
-        raise ValueError(
-            f"token_mask must have shape (N, T) with N = {rows.numel()} rows like rewards, got "
-            f"{tuple(token_mask.shape)}."
-        )
-    return rows.unsqueeze(1) * (token_mask != 0).to(rows.dtype)  # (N, T)
-
-
-def hard_advantages(
-    rewards: torch.Tensor, num_generations: int, node_ids: torch.Tensor, scale: str = "group"
-) -> torch.Tensor:
-    """ARPO's "hard" advantage: tokens unique to a branch get (r_i - mean R) / std R, shared tokens the mean of all
-    trajectories that share them.
-
-    Leaf advantages a_i = (r_i - mean_g R) / std_g R (`group_advantages`), then A_{i,t} = mean of a_j over the rows j
-    whose `node_ids` contain node_ids[i, t] (`tree_token_advantages`). ARPO, arXiv 2507.19849 ("Advantage
-    Attribution Estimation", hard setting); GPG, arXiv 2512.10365.
-
-    Args:
-        rewards: (N,) rewards, groups of `num_generations` contiguous. A NaN row (unscored) has no leaf advantage: it
-            is left out of the means of the nodes it shares, and its own tokens get 0 (as TRL gives it).
-        num_generations: group size G.
-        node_ids: (N, T) long node ids, -1 on padding (`shared_prefix_node_ids`, or the rollout engine's own). Rows of
-            different groups never share an id.
-        scale: how leaf advantages are scaled, as in `group_advantages` (`"group"` is ARPO's std R).
-
-    Returns:
-        (N, T) token advantages, 0 on padding.
-
-    >>> # rows 0 and 1 share their first token; rewards 1, 0 -> leaf advantages 0.5, -0.5 (scale="none")
-    >>> hard_advantages(torch.tensor([1.0, 0.0]), 2, torch.tensor([[0, 1], [0, 3]]), scale="none")
-    tensor([[ 0.0000,  0.5000],
-            [ 0.0000, -0.5000]])
-    """
-    if node_ids.dim() != 2 or node_ids.size(0) != rewards.numel():
-        raise ValueError(
-            f"node_ids has shape {tuple(node_ids.shape)} but rewards has {rewards.numel()} rows: the tree needs the "
-            "node ids of every row of every group (gather them over processes, or keep whole groups per process)."
-        )
-    leaf = group_advantages(rewards, num_generations, scale=scale)  # (N,)
-    leaf = torch.where(torch.isnan(rewards), torch.full_like(leaf, math.nan), leaf)
-    return tree_token_advantages(leaf, node_ids)
 
 
 def segment_reward_advantages(
@@ -116,7 +43,8 @@ def segment_reward_advantages(
     a group with one scored segment has std 0 and so ŝ = 0.
 
     Args:
-        outcome_advantages: (N,) per-row outcome advantage (e.g. `group_advantages` of the outcome reward).
+        outcome_advantages: (N,) per-row outcome advantage (e.g. `group_advantages` of the outcome reward), or (N, T)
+            per-token advantages that an earlier credit rule wrote.
         segment_rewards: (N, S) float, s_{i,k}; NaN for missing segments (tool-result segments, segments a reward did
             not score, rows with fewer segments). S must cover every segment id in `segment_ids` (pad with NaN).
         segment_ids: (N, T) long segment index of every token (`trl_grpo_ext.segments`), -1 on padding.
@@ -138,9 +66,9 @@ def segment_reward_advantages(
         raise ValueError(f"normalize={normalize!r} is not one of {', '.join(map(repr, SEGMENT_NORMALIZATIONS))}.")
     if not isinstance(lam, (int, float)) or not math.isfinite(lam):
         raise ValueError(f"lam={lam!r} must be a finite number (the weight of the segment reward), e.g. 1.0.")
-    rows = outcome_advantages.numel()
-    if outcome_advantages.dim() != 1:
-        raise ValueError(f"outcome_advantages must have shape (N,), got {tuple(outcome_advantages.shape)}.")
+    rows = outcome_advantages.size(0) if outcome_advantages.dim() else 0
+    if outcome_advantages.dim() not in (1, 2):
+        raise ValueError(f"outcome_advantages must have shape (N,) or (N, T), got {tuple(outcome_advantages.shape)}.")
     if segment_rewards.dim() != 2 or segment_rewards.size(0) != rows:
         raise ValueError(
             f"segment_rewards must have shape (N, S) with N = {rows} rows, got {tuple(segment_rewards.shape)}."
@@ -178,5 +106,6 @@ def segment_reward_advantages(
 
     valid = segment_ids >= 0  # (N, T)
     bonus = normalised.gather(1, segment_ids.long().clamp(min=0))  # (N, T)
-    advantages = outcome_advantages.unsqueeze(1) + lam * bonus  # (N, T)
+    outcome = outcome_advantages.unsqueeze(1) if outcome_advantages.dim() == 1 else outcome_advantages
+    advantages = outcome + lam * bonus  # (N, T)
     return torch.where(valid, advantages, torch.zeros_like(advantages))

@@ -1,0 +1,8 @@
+"""One module per method: its config section, its extension, its rewards, and its `Method` record.
+
+Importing a module registers its method (`trl_grpo_ext.extension.list_methods()`); `trl_grpo_ext` imports them all.
+"""
+
+from . import arpo, curriculum, dynamic_sampling, prefixes, prorl, pta, segments
+
+__all__ = ["arpo", "curriculum", "dynamic_sampling", "prefixes", "prorl", "pta", "segments"]
