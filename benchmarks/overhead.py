@@ -31,14 +31,14 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
-from transformers.trainer_callback import PrinterCallback  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+import torch
+import transformers
+from transformers import PreTrainedTokenizerFast
+from transformers.trainer_callback import PrinterCallback
+from trl import GRPOConfig, GRPOTrainer
 
-from trl_grpo_ext import GRPOExtConfig, GRPOExtTrainer  # noqa: E402
-from trl_grpo_ext.testing import build_tiny_model, cpu_test_config_kwargs, tiny_dataset  # noqa: E402
+from trl_grpo_ext import GRPOExtConfig, GRPOExtTrainer
+from trl_grpo_ext.testing import build_tiny_model, cpu_test_config_kwargs, tiny_dataset
 
 TRAINERS = {"ours": (GRPOExtTrainer, GRPOExtConfig), "trl": (GRPOTrainer, GRPOConfig)}
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs[name].append(step_times)
 
     medians = {name: statistics.median(t for run in r for t in run) for name, r in runs.items()}
-    best = {name: statistics.median(min(step) for step in zip(*r)) for name, r in runs.items()}
+    best = {name: statistics.median(min(step) for step in zip(*r, strict=False)) for name, r in runs.items()}
     ratio, best_ratio = medians["ours"] / medians["trl"], best["ours"] / best["trl"]
     passed = ratio <= args.target
     print(f"\n{'trainer':<16}{'median ms/step':>16}{'best-of-rounds':>16}{'steps':>8}")

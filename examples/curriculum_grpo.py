@@ -114,7 +114,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps, budgets, lengths = zip(*rows)
+    steps, budgets, lengths = zip(*rows, strict=False)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.step(steps, budgets, where="post", label="budget B(t)")
     ax.plot(steps, lengths, marker="o", label="mean completion length")

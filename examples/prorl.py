@@ -71,7 +71,11 @@ def main():
     for reset in history:
         print(f"reset at step {reset['step']}: reference={reset['reference']} optimizer={reset['optimizer']} "
               f"({reset['reason']})")  # fmt: skip
-    kept = [log["dynamic_sampling/kept_fraction"] for log in trainer.state.log_history if "dynamic_sampling/kept_fraction" in log]
+    kept = [
+        log["dynamic_sampling/kept_fraction"]
+        for log in trainer.state.log_history
+        if "dynamic_sampling/kept_fraction" in log
+    ]
     print(f"resets: {len(history)}; mean kept fraction of groups: {sum(kept) / max(len(kept), 1):.2f}")
     print(f"saved to {args.output_dir}")
 

@@ -72,7 +72,9 @@ def main():
         train_dataset = load_dataset(args.dataset, split="train")
 
     config = GRPOExtConfig(
-        output_dir=args.output_dir, advantage_estimator=args.estimator, **{**HPARAMS, **(TINY_HPARAMS if args.tiny else {})}
+        output_dir=args.output_dir,
+        advantage_estimator=args.estimator,
+        **{**HPARAMS, **(TINY_HPARAMS if args.tiny else {})},
     )
     trainer = GRPOExtTrainer(
         model=model,

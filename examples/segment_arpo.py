@@ -40,7 +40,9 @@ def tool_format_rows(n=32):
         call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} + {b}"}}}}\n</tool_call>'
         prompts.append([{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {a} + {b}?"}])
         completions.append([{"role": "assistant", "content": call}])
-    return Dataset.from_dict({"prompt": prompts, "completion": completions, "tools": [[get_json_schema(calculator)]] * n})
+    return Dataset.from_dict(
+        {"prompt": prompts, "completion": completions, "tools": [[get_json_schema(calculator)]] * n}
+    )
 
 
 def main():

@@ -42,7 +42,7 @@ def test_curriculum_recipe_runs_tiny(tmp_path, capsys):
 
 
 def test_reward_spec_parameters_are_typed():
-    from trl_grpo_ext.cli import parse_reward_spec
+    from trl_grpo_ext.rewards import parse_reward_spec
 
     assert parse_reward_spec("accuracy") == ("accuracy", {})
     assert parse_reward_spec("tag_format:tags=plan,think,answer,partial=true") == (
@@ -127,3 +127,24 @@ def test_dataset_mixture_from_yaml_and_4bit_lora(tmp_path, tiny_cache_dir, capsy
         {"path": "json", "name": None, "data_dir": None, "data_files": str(data), "split": "train", "columns": None,
          "fraction": None}
     ]  # fmt: skip
+
+
+def test_reward_parameters_as_a_yaml_mapping(tmp_path, tiny_cache_dir, capsys):
+    import json
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"output_dir: {tmp_path / 'run'}\nmax_steps: 1\ncache_dir: {tiny_cache_dir}\n"
+        "reward_funcs:\n  - tag_format: {tags: [think, answer], partial: true}\n  - contains_solution\n"
+    )
+    assert main(["train", "--config", str(recipe)]) == 0
+    record = json.loads((tmp_path / "run" / "trl_grpo_ext_run.json").read_text())
+    assert record["reward_funcs"] == ["tag_format_think_answer", "contains_solution_reward"]
+
+
+def test_named_trainer_alone_is_a_working_run(tmp_path, tiny_cache_dir, capsys):
+    # `--trainer segment` needs nothing more: segments by tool calls, with the built-in calculator tool.
+    argv = ["train", "--trainer", "segment", "--max_steps", "1", "--max_completion_length", "16",
+            "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
+    assert main(argv) == 0
+    assert "Trained 1 steps" in capsys.readouterr().out

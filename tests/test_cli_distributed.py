@@ -87,7 +87,7 @@ def test_prefix_block_size_is_decided_over_all_processes(tiny_model_path, tokeni
 
     def gather_as_process_1(rows):  # what accelerate's gather_object returns on process 1 of 2: process 0's rows first
         first = plan(process_0)
-        return [(tuple(c), tuple(p), False) for c, p in zip(first.context_ids, first.prefix_ids)] + rows
+        return [(tuple(c), tuple(p), False) for c, p in zip(first.context_ids, first.prefix_ids, strict=False)] + rows
 
     monkeypatch.setattr(trainer_module, "gather_object", gather_as_process_1)
     assert trainer._block_size(plan(process_1), 4) == 4

@@ -55,6 +55,8 @@ def _fails(argv, tmp_path, capsys) -> str:
             ["generation_batch_size (6) must be divisible by num_generations (4)", "make per_device_train_batch_size"],
         ),
         (["--max_steps", "many"], ["--max_steps", "invalid int value: 'many'"]),
+        (["--config", "/no/such/recipe.yaml"], ["--config /no/such/recipe.yaml: no such file"]),
+        (["--budget_start", "128", "--max_steps", "2"], ["spans 2 step(s)", "too few for budget_decays=3"]),
         (["--budget_schedule", "cosine"], ["invalid choice: 'cosine'"]),
         (["--load_in_4bit"], ["cannot be trained itself", "add --use_peft"]),
         (["--push_to_hub", "--hub_model_id", "me/bad name"], ["--hub_model_id", "set --hub_model_id to 'user/name'"]),

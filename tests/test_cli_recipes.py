@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_grpo_ext.cli import TRAINERS, main
+from trl_grpo_ext.cli import main, trainers
+
+TRAINERS = trainers()
 
 FOLDER = Path(__file__).resolve().parent.parent / "recipes"
 SFT_RECIPES = sorted(FOLDER.glob("*.sft.yaml"))

@@ -3,7 +3,7 @@
 import torch
 from trl import GRPOTrainer
 
-from trl_grpo_ext import PTAGRPOConfig, PTAGRPOTrainer, ProRLResetCallback, get_reward
+from trl_grpo_ext import ProRLResetCallback, PTAGRPOConfig, PTAGRPOTrainer, get_reward
 from trl_grpo_ext.testing import cpu_test_config_kwargs, tiny_dataset
 
 from .test_dynamic_sampling import flat_for_small_sums
@@ -50,5 +50,5 @@ def test_methods_compose(tiny_model_path, tokenizer, tmp_path, monkeypatch):
     assert len(plan_stages) >= 3 and all(p[-len(hint) :] == hint for prompts in plan_stages for p in prompts)
     decoded = tokenizer.decode(plan_stages[-1][0])
     assert "Plan in at most 4 tokens." in decoded
-    continuation = [prompts for stop, prompts in calls if stop is None][0]
+    continuation = next(prompts for stop, prompts in calls if stop is None)
     assert all(hint[0] in p[-(len(hint) + 4) :] for p in continuation)  # hint, then a plan of at most 4 tokens

@@ -35,7 +35,10 @@ def test_uneven_intervals():
     [
         (dict(start=87, end=256, num_decays=3, total_steps=600), r"budget_end \(256\) is above budget_start \(87\)"),
         (dict(start=256, end=87, num_decays=0, total_steps=600), "budget_decays=0 must be at least 1"),
-        (dict(start=256, end=0, num_decays=3, total_steps=600), "budget_end=0 must be a whole number of tokens, at least 1"),
+        (
+            dict(start=256, end=0, num_decays=3, total_steps=600),
+            "budget_end=0 must be a whole number of tokens, at least 1",
+        ),
         (dict(start=0, end=0, num_decays=3, total_steps=600), "budget_start=0"),
         (dict(start=256, end=87, num_decays=3, total_steps=3), "spans 3 step.* too few for budget_decays=3"),
         (dict(start=256, end=87, num_decays=3, total_steps=600, schedule="cosine"), "budget_schedule='cosine'"),
@@ -158,7 +161,7 @@ def test_curriculum_trainer_paper_defaults_train(tiny_model_path, tokenizer, tmp
     key = "rewards/budget_length_triangular/mean"
     logged = [log[key] for log in trainer.state.log_history if key in log]
     bounds = [8 / 256, 8 / 179, 8 / 125, 8 / 87]
-    assert len(logged) == 4 and all(0 < value <= bound + 1e-6 for value, bound in zip(logged, bounds))
+    assert len(logged) == 4 and all(0 < value <= bound + 1e-6 for value, bound in zip(logged, bounds, strict=False))
     assert logged[0] == pytest.approx(8 / 256)
 
 

@@ -8,8 +8,8 @@ import torch
 from trl_grpo_ext import GRPOExtTrainer
 from trl_grpo_ext.advantages import group_advantages
 from trl_grpo_ext.methods.dynamic_sampling import varied_groups
-from trl_grpo_ext.trainer import KEPT_ROWS, _splice_tensors
 from trl_grpo_ext.testing import tiny_dataset
+from trl_grpo_ext.trainer import KEPT_ROWS, _splice_tensors
 
 from .conftest import make_config, varied_reward
 
@@ -47,7 +47,7 @@ def test_splice_rows_pads_to_a_common_width():
 def flat_for_small_sums(completions, solution, **kwargs):
     """Constant 1.0 for problems whose answer is below 8 (their groups have zero variance); varied otherwise."""
     varied = varied_reward(completions)
-    return [1.0 if int(s) < 8 else v for s, v in zip(solution, varied)]
+    return [1.0 if int(s) < 8 else v for s, v in zip(solution, varied, strict=False)]
 
 
 def always_one(completions, **kwargs):
@@ -146,8 +146,9 @@ def test_drop_only_loss_equals_the_loss_over_the_kept_rows(tiny_model_path, toke
     dataset = tiny_dataset(16)
     small = next(row for row in dataset if int(row["solution"]) < 8)
     large = next(row for row in dataset if int(row["solution"]) >= 8)
-    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, flat_for_small_sums, dataset, loss_type=loss_type,
-                       beta=0.1)  # fmt: skip (a KL term too: it must be averaged over the kept rows as well)
+    trainer = _trainer(
+        tiny_model_path, tokenizer, tmp_path, flat_for_small_sums, dataset, loss_type=loss_type, beta=0.1
+    )  # fmt: skip (a KL term too: it must be averaged over the kept rows as well)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop; this test calls the loss directly
     out = trainer._generate_and_score_completions(_rows([small, large]))

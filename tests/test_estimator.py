@@ -121,5 +121,8 @@ def test_group_advantages_match_trl(tiny_model_path, tokenizer, tmp_path):
 def test_bad_estimator_shape_is_a_clear_error(tiny_model_path, tokenizer, tmp_path):
     trainer = _trainer(tiny_model_path, tokenizer, tmp_path, "test_bad_shape")
     trainer.model.train()
-    with pytest.raises(ValueError, match=r"'bad_shape_estimator' returned advantages of shape \(3, 2\); expected a tensor of shape \(4,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"'bad_shape_estimator' returned advantages of shape \(3, 2\); expected a tensor of shape \(4,\)",
+    ):
         trainer._generate_and_score_completions(_generation_batch(trainer))

@@ -60,7 +60,9 @@ def test_pta_example_cold_start_then_rl(tmp_path):
     closed = [float(line.split("plans closed ")[1].split(",")[0]) for line in steps]
     assert max(closed) > 0
     for line in steps:
-        generated, independent = (float(x) for x in line.split("generated ")[1].split(" independently")[0].split(" tokens vs "))
+        generated, independent = (
+            float(x) for x in line.split("generated ")[1].split(" independently")[0].split(" tokens vs ")
+        )
         assert generated < independent
 
 

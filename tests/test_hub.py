@@ -8,8 +8,8 @@ import torch
 from huggingface_hub import HfApi, RepoUrl
 from safetensors.torch import load_file
 
-from trl_grpo_ext.cli import main
 from trl_grpo_ext import list_methods
+from trl_grpo_ext.cli import main
 from trl_grpo_ext.hub import model_card
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -73,6 +73,7 @@ def hub_calls():
         return RepoUrl(f"https://huggingface.co/{repo_id}")
 
     def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        folder_path = Path(folder_path)
         files = sorted(p.name for p in folder_path.iterdir())
         readme = (folder_path / "README.md").read_text()
         calls["upload"].append({"repo_id": repo_id, "folder": folder_path, "files": files, "readme": readme, **kwargs})
@@ -106,7 +107,7 @@ def test_push_to_hub_uploads_the_adapter_once_with_the_card(pushed_run, hub_call
     assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "trl_grpo_ext_run.json"} <= uploaded
     assert "checkpoint-*" in upload["ignore_patterns"]
     readme = upload["readme"]
-    assert "# tiny-curriculum" in readme and "A LoRA adapter for" in readme
+    assert "# Model Card for tiny-curriculum" in readme and "A LoRA adapter for" in readme
     assert "arXiv:2402.03300" in readme and "arXiv:2508.08940" in readme
     assert "budget_start: 24" in readme and "use_peft: true" in readme and "push_to_hub: true" in readme
     assert "| `curriculum/budget` | 24 |" in readme and "| `reward` |" in readme
@@ -132,7 +133,7 @@ def test_push_command_rewrites_the_card_for_the_repo(pushed_run, hub_calls, caps
     assert main(["push", str(pushed_run), "someone/renamed"]) == 0
     assert "Pushed" in capsys.readouterr().out and "someone/renamed" in hub_calls["create"][-1]["repo_id"]
     upload = hub_calls["upload"][-1]
-    assert upload["repo_id"] == "someone/renamed" and "# renamed" in upload["readme"]
+    assert upload["repo_id"] == "someone/renamed" and "# Model Card for renamed" in upload["readme"]
     assert 'PeftModel.from_pretrained(base, "someone/renamed")' in upload["readme"]
     record = json.loads((pushed_run / "trl_grpo_ext_run.json").read_text())
     assert record["methods"] == ["grpo", "curriculum"] and record["steps"] == 2

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from datasets import Dataset
 from trl import GRPOTrainer
 
 from trl_grpo_ext import GRPOExtTrainer
@@ -49,7 +48,9 @@ def _ids(tokenizer, text):
 @pytest.fixture
 def backend(monkeypatch, tokenizer):
     fake = FakeBackend(tokenizer.convert_tokens_to_ids("<|im_end|>"))
-    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", lambda self, *args, **kwargs: fake(self, *args, **kwargs))
+    monkeypatch.setattr(
+        GRPOTrainer, "_generate_single_turn", lambda self, *args, **kwargs: fake(self, *args, **kwargs)
+    )
     return fake
 
 
@@ -58,7 +59,7 @@ def test_context_prefix_joins_the_prompt_and_is_not_trained(tiny_model_path, tok
     trainer = _trainer(tiny_model_path, tokenizer, tmp_path, dataset, context_prefix_column="hint")
     trainer.model.train()
     out = trainer._generate_and_score_completions(_rows(dataset, 4))
-    (prompts, block), = backend.calls
+    ((prompts, block),) = backend.calls
     assert block == 4  # every group shares its prefix: vLLM may generate n=4 per block
     for i, prompt in enumerate(prompts):
         assert prompt[-len(_ids(tokenizer, dataset[i // 4]["hint"])) :] == _ids(tokenizer, dataset[i // 4]["hint"])
@@ -74,12 +75,16 @@ def test_completion_prefix_starts_the_completion_and_is_trained(tiny_model_path,
     trainer = _trainer(tiny_model_path, tokenizer, tmp_path, dataset, completion_prefix_column="draft")
     trainer.model.train()
     out = trainer._generate_and_score_completions(_rows(dataset, 4))
-    (prompts, block), = backend.calls
+    ((prompts, block),) = backend.calls
     assert block == 4
     first, second = _ids(tokenizer, "<think>3 + 4"), _ids(tokenizer, "<think>5")
     assert prompts[0][-len(first) :] == first  # the backend continues the prefix
     assert out["completion_ids"][0, : len(first) + 3].tolist() == first + [40, 41, backend.eos_id]
-    assert out["completion_ids"][4, : len(second) + 3].tolist() == second + [41, 41, backend.eos_id]  # row 4: 40 + 4 % 3
+    assert out["completion_ids"][4, : len(second) + 3].tolist() == second + [
+        41,
+        41,
+        backend.eos_id,
+    ]  # row 4: 40 + 4 % 3
     # Segment ids: 0 on the prefix, 1 on the generated tokens, -1 on padding.
     expected_row4 = [0] * len(second) + [1, 1, 1] + [-1] * (out["completion_ids"].size(1) - len(second) - 3)
     assert trainer.last_batch.segment_ids[4].tolist() == expected_row4
@@ -100,13 +105,15 @@ def test_rows_with_different_prefixes_are_generated_one_by_one(tiny_model_path, 
                        completion_prefix_column="draft")  # fmt: skip
     trainer.model.train()
     trainer._generate_and_score_completions(rows)
-    (prompts, block), = backend.calls
+    ((_prompts, block),) = backend.calls
     assert block == 1  # a block of 4 would make vLLM server mode give group 1 four copies of prefix "a"
 
 
 def test_missing_prefix_column_is_a_clear_error(tiny_model_path, tokenizer, tmp_path, backend):
     dataset = tiny_dataset(2)
-    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, _dataset("hint", ["x", "y"]), context_prefix_column="hint")
+    trainer = _trainer(
+        tiny_model_path, tokenizer, tmp_path, _dataset("hint", ["x", "y"]), context_prefix_column="hint"
+    )
     trainer.model.train()
     rows = [dict(row, hint="x") for row in _rows(dataset, 4)]
     with pytest.raises(KeyError, match="context_prefix_column='hint', but the dataset has no such column"):

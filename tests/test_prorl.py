@@ -126,9 +126,18 @@ class ReferenceProbe(TrainerCallback):
 def test_resume_restores_resets_and_reference(tiny_model_path, tokenizer, tmp_path, peft):
     def run(folder, max_steps=6, resume=None):
         probe = ReferenceProbe()
-        trainer = _trainer(tiny_model_path, tokenizer, folder, ProRLResetCallback(reset="both", every_n_steps=2),
-                           peft=peft, max_steps=max_steps, save_strategy="steps", save_steps=3,
-                           learning_rate=5e-2, lr_scheduler_type="constant")  # fmt: skip (same lr whatever max_steps)
+        trainer = _trainer(
+            tiny_model_path,
+            tokenizer,
+            folder,
+            ProRLResetCallback(reset="both", every_n_steps=2),
+            peft=peft,
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=3,
+            learning_rate=5e-2,
+            lr_scheduler_type="constant",
+        )  # fmt: skip (same lr whatever max_steps)
         trainer.add_callback(probe)
         trainer.train(resume_from_checkpoint=resume)
         return trainer, probe
@@ -195,8 +204,8 @@ def test_callback_errors_name_the_fix(tiny_model_path, tokenizer, tmp_path):
 
 def test_stop_penalty_gets_the_trainers_stop_tokens(tiny_model_path, tokenizer, tmp_path):
     penalty = get_reward("stop_penalty", penalty=-0.5)
-    trainer = GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=[penalty], args=make_config(tmp_path),
-                             train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip
+    GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=[penalty], args=make_config(tmp_path),
+                   train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert eos in penalty.eos_token_ids
     assert penalty(completion_ids=[[5, eos], [5, 6], []]) == [0.0, -0.5, -0.5]
@@ -206,7 +215,12 @@ def test_stop_penalty_gets_the_trainers_stop_tokens(tiny_model_path, tokenizer, 
 
 def test_prorl_trainer_recipe_defaults_and_training(tiny_model_path, tokenizer, tmp_path):
     defaults = ProRLConfig(output_dir=str(tmp_path / "d"), **cpu_test_config_kwargs())
-    assert (defaults.epsilon, defaults.epsilon_high, defaults.temperature, defaults.num_generations) == (0.2, 0.4, 1.2, 16)
+    assert (defaults.epsilon, defaults.epsilon_high, defaults.temperature, defaults.num_generations) == (
+        0.2,
+        0.4,
+        1.2,
+        16,
+    )
     assert (defaults.learning_rate, defaults.loss_type, defaults.dynamic_sampling) == (2e-6, "dapo", True)
     assert defaults.lr_scheduler_type == "constant" and 0 < defaults.beta <= 1e-3
     args = ProRLConfig(output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=8,

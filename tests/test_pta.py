@@ -1,10 +1,10 @@
 """PTA-GRPO: plan values, per-token advantages, staged rollouts that share each plan, cold-start data."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from trl import GRPOTrainer
-
-from types import SimpleNamespace
 
 from trl_grpo_ext import GRPOExtConfig, PlanValueReward, PTAGRPOConfig, PTAGRPOTrainer, Rollout, get_reward
 from trl_grpo_ext.advantages import plan_values, tree_token_advantages
@@ -82,7 +82,9 @@ def test_truncate_at_tag(tokenizer):
 
 def test_config_requires_m_times_z_equal_num_generations(tmp_path):
     kwargs = dict(output_dir=str(tmp_path), **cpu_test_config_kwargs())
-    with pytest.raises(ValueError, match=r"num_plans \* continuations_per_plan \(3\*3=9\) must equal num_generations \(8\)"):
+    with pytest.raises(
+        ValueError, match=r"num_plans \* continuations_per_plan \(3\*3=9\) must equal num_generations \(8\)"
+    ):
         GRPOExtConfig(num_plans=3, continuations_per_plan=3, **kwargs)
     with pytest.raises(ValueError, match="continuations_per_plan=None must be a whole number"):
         GRPOExtConfig(num_plans=2, num_generations=4, **kwargs)
@@ -163,7 +165,10 @@ def test_unclosed_plan_is_handled_and_trains(tiny_model_path, tokenizer, tmp_pat
 def test_cold_start_formatter():
     example = pta_sft_example("What is 2 + 3?", "Add the numbers.", "2 + 3 = 5", "5")
     assert example["prompt"][0]["role"] == "system" and example["prompt"][1]["content"] == "What is 2 + 3?"
-    assert example["completion"][0]["content"] == "<plan>Add the numbers.</plan><think>2 + 3 = 5</think><answer>5</answer>"
+    assert (
+        example["completion"][0]["content"]
+        == "<plan>Add the numbers.</plan><think>2 + 3 = 5</think><answer>5</answer>"
+    )
     assert get_reward("tag_format", tags=["plan", "think", "answer"])(completions=[example["completion"]]) == [1.0]
     from datasets import Dataset
 
@@ -181,7 +186,9 @@ def _scripted_backend(monkeypatch, plan_outputs, continuation):
 
     def backend(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         stage_one = self.generation_config.stop_strings is not None
-        calls.append((len(prompt_ids), num_generations, self.generation_config.stop_strings, [list(p) for p in prompt_ids]))
+        calls.append(
+            (len(prompt_ids), num_generations, self.generation_config.stop_strings, [list(p) for p in prompt_ids])
+        )
         outputs = plan_outputs if stage_one else [continuation] * len(prompt_ids)
         return [list(outputs[k % len(outputs)]) for k in range(len(prompt_ids))], None
 
@@ -259,7 +266,7 @@ def test_plan_stage_stops_at_a_tag_of_several_tokens(tiny_model_path, tokenizer,
     from .conftest import script_generation
 
     # Spelt out character by character, `</plan>` is 7 tokens: the stop must come from the text, not a token id.
-    chars = [t for t in tokenizer.convert_tokens_to_ids(list("</plan>"))]
+    chars = list(tokenizer.convert_tokens_to_ids(list("</plan>")))
     assert len(chars) == 7 and tokenizer.decode(chars) == "</plan>"
     x = tokenizer.convert_tokens_to_ids("x")
     scripts = [[x, x, *chars, *[x] * 20], [x] * 30]  # row 0 closes its plan after 9 tokens; row 1 never does

@@ -42,7 +42,10 @@ def _script(monkeypatch, tok, calls_before_answer=1, answer_padding=0):
 
     def backend(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         calls.append([list(p) for p in prompt_ids])
-        out = [answers[i % 2] if list(p).count(response) >= calls_before_answer else call for i, p in enumerate(prompt_ids)]
+        out = [
+            answers[i % 2] if list(p).count(response) >= calls_before_answer else call
+            for i, p in enumerate(prompt_ids)
+        ]
         return [list(o) for o in out], None
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", backend)
@@ -105,7 +108,7 @@ def test_branches_are_whole_trajectories_and_rewards_see_them_whole(tiny_model_p
         # Its prompt is the parent's prompt: the prefix is completion, not context.
         assert out["prompt_ids"][branch].tolist() == out["prompt_ids"][parent].tolist()
     # Every completion a reward function saw is a whole trajectory: the call, the tool result, then the answer.
-    (completions, completion_ids), = recorder.seen
+    ((completions, completion_ids),) = recorder.seen
     for row, completion in enumerate(completions):
         assert [m["role"] for m in completion] == ["assistant", "tool", "assistant"], row
         assert completion[0]["tool_calls"][0]["function"]["name"] == "calculator" and completion[1]["content"] == "12"

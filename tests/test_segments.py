@@ -35,9 +35,14 @@ def _pad(rows, pad_to=None):
 def _pieces(tokenizer, ids, segments):
     """The decoded text of each segment of each row."""
     out = []
-    for row_ids, row_segments in zip(ids.tolist(), segments.tolist()):
+    for row_ids, row_segments in zip(ids.tolist(), segments.tolist(), strict=False):
         count = max(row_segments) + 1
-        out.append([tokenizer.decode([i for i, s in zip(row_ids, row_segments) if s == k]) for k in range(count)])
+        out.append(
+            [
+                tokenizer.decode([i for i, s in zip(row_ids, row_segments, strict=False) if s == k])
+                for k in range(count)
+            ]
+        )
     return out
 
 

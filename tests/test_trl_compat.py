@@ -23,7 +23,9 @@ def test_seam_signature(name):
     assert method is not None, f"TRL seam GRPOTrainer.{name} no longer exists. {HINT}"
     params = list(inspect.signature(method).parameters)
     expected = TRL_SEAMS[name]  # the leading parameters we pass; TRL may add optional ones after them
-    assert params[: len(expected)] == expected, f"TRL seam GRPOTrainer.{name}{params} does not start with {expected}. {HINT}"
+    assert params[: len(expected)] == expected, (
+        f"TRL seam GRPOTrainer.{name}{params} does not start with {expected}. {HINT}"
+    )
 
 
 def _source(name):
@@ -46,7 +48,9 @@ def test_tool_loop_counts_whole_trajectories():
         "iteration_num < self.max_tool_calling_iterations",
         "self._sync_tool_dicts[idx_with_tool]",  # per-row tool tables, sliced for calls over some rows
     ]:
-        assert call in source, f"GRPOTrainer._tool_call_loop changed ({call} missing): ARPO branches rely on it. {HINT}"
+        assert call in source, (
+            f"GRPOTrainer._tool_call_loop changed ({call} missing): ARPO branches rely on it. {HINT}"
+        )
 
 
 def test_loss_takes_token_level_advantages_and_the_tool_mask():

@@ -1,16 +1,15 @@
-"""`trl-grpo-ext`: the command line.
+"""`trl-grpo-ext`: the command line, on TRL's own pieces.
 
     trl-grpo-ext train [--config recipe.yaml] [--flag value ...]
+    trl-grpo-ext sft [--config recipe.yaml] [--flag value ...]
     trl-grpo-ext push OUTPUT_DIR REPO_ID [--private]
 
-`train` parses its arguments the way TRL's own `trl grpo` does, with TRL's `TrlParser` over four dataclasses: the
-script arguments below, the named trainer's config (`GRPOExtConfig` or a method's subclass), TRL's `ModelConfig`
-(model, LoRA, quantization) and TRL's `DatasetMixtureConfig`. Every field is a `--flag` and a YAML key. With no model
-named it trains the built-in quickstart offline (the tiny random model of `trl_grpo_ext.testing` on the built-in
-arithmetic dataset), then says where the result went.
-
-Every input is checked before a model loads or `output_dir` is written; a bad one ends the command with exit
-status 2 and one line on stderr naming the problem and the fix. See docs/cli.md.
+Each command builds its parser in a `make_*_parser(subparsers=None)` function, as TRL's scripts do. `train` parses
+with TRL's `TrlParser` over our `ScriptArguments` subclass, the named trainer's config class, TRL's `ModelConfig` and
+`DatasetMixtureConfig`: every field is a `--flag` and a YAML key. The `--trainer` names come from the method records
+(`trl_grpo_ext.list_methods()`); rewards are resolved by the trainer's own resolver (names, `name:key=value`, YAML
+mappings `{name: {key: value}}`, import paths). Every input is checked before a model loads or `output_dir` is
+written; a bad one ends the command with exit status 2 and one line on stderr naming the problem and the fix.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -40,100 +38,69 @@ from trl import (
     get_quantization_config,
 )
 
+import trl_grpo_ext
+
 from . import hub
-from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
-from .rewards import get_reward
+from .extension import list_methods
+from .registry import _import_path
+from .rewards import resolve_rewards
 from .testing import load_tiny_model, tiny_dataset
-from .trainer import GRPOExtTrainer
-from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer, SegmentGRPOTrainer
+from .tools import calculator
 
-logger = logging.getLogger(__name__)
-
-# --trainer NAME -> (trainer class, its config class); a new named trainer adds a row. The config class gives the
-# flags their defaults (ProRLConfig: ProRL's recipe). A method's trainer is named by its key in `hub.METHODS`, which
-# also prefixes its metrics (`curriculum/budget`).
-TRAINERS = {
-    "grpo_ext": (GRPOExtTrainer, GRPOExtConfig),
-    "curriculum": (CurriculumGRPOTrainer, GRPOExtConfig),
-    "prorl": (ProRLTrainer, ProRLConfig),
-    "pta": (PTAGRPOTrainer, PTAGRPOConfig),
-    "segment": (SegmentGRPOTrainer, GRPOExtConfig),
-}
-# `grpo_ext` without --reward_funcs; the other named trainers bring their method's own rewards.
+# Without --reward_funcs: the trainers whose method brings no rewards of its own get these.
 DEFAULT_REWARDS = ["tag_format", "accuracy", "contains_solution"]
-
-# What makes a run on the tiny model take seconds on a CPU. `--tiny` puts it over a recipe's values (the command line
-# still wins). The batch shape is left to the recipe: methods constrain it (PTA-GRPO: m·z rows a group).
-TINY = {
-    "max_steps": 20,
-    "max_completion_length": 24,
-    "learning_rate": 5e-3,
-    "logging_steps": 5,
-    "save_strategy": "no",
-    "report_to": "none",
-    "seed": 0,
-}
-# The quickstart has no recipe: the tiny sizes, a small batch, and an output directory.
-QUICKSTART_DEFAULTS = {
-    "output_dir": "outputs/quickstart",
-    "per_device_train_batch_size": 8,
-    "num_generations": 4,
-    **TINY,
-}
-# TRL defaults bf16=True and gradient checkpointing on; neither suits a CPU. Recent transformers call the latter
-# `activation_checkpointing` and warn on the old name.
-_CHECKPOINTING = (
-    "activation_checkpointing"
-    if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
-    else "gradient_checkpointing"
-)
+# What makes a run on the tiny model take seconds on a CPU; `--tiny` puts it over a recipe's values (flags still win).
+TINY = {"max_steps": 20, "max_completion_length": 24, "learning_rate": 5e-3, "logging_steps": 5,
+        "save_strategy": "no", "report_to": "none", "seed": 0}  # fmt: skip
+QUICKSTART = {"output_dir": "outputs/quickstart", "per_device_train_batch_size": 8, "num_generations": 4, **TINY}
+# TRL defaults bf16=True and gradient checkpointing on; neither suits a CPU (newer transformers: "activation_").
+_CHECKPOINTING = next(n for n in ("activation_checkpointing", "gradient_checkpointing")
+                      if n in TrainingArguments.__dataclass_fields__)  # fmt: skip
 CPU_DEFAULTS = {"bf16": False, _CHECKPOINTING: False, "dataloader_pin_memory": False}
-
 # What GRPOTrainer._calculate_rewards passes every reward function besides the dataset's columns.
 TRL_REWARD_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
 
-# TRL's config errors name the problem; these add the fix.
-CONFIG_ERROR_FIXES = {
-    "must be divisible by num_generations": "make per_device_train_batch_size × number of processes × "
-    "steps_per_generation (or generation_batch_size) a multiple of num_generations, so that every prompt's group "
-    "is generated in one batch",
-}
+
+def trainers() -> dict[str, tuple[type, type]]:
+    """`--trainer` name -> (trainer class, config class), from the method records."""
+    named = {"grpo_ext": (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.GRPOExtConfig)}
+    for method in list_methods():
+        if method.trainer:
+            config = getattr(trl_grpo_ext, method.config or "GRPOExtConfig")
+            named[method.cli_name or method.name] = (getattr(trl_grpo_ext, method.trainer), config)
+    return named
 
 
 @dataclass
-class TrainScriptArguments(ScriptArguments):
+class _ScriptArguments(ScriptArguments):
+    """TRL's script arguments (dataset name, config, splits, streaming), plus local data files and the tiny model."""
+
+    data_files: str | None = field(default=None, metadata={"help": "Data files, for local datasets ('json' ...)."})
+    tiny: bool = field(default=False, metadata={"help": "Offline smoke test: the tiny model and built-in data."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Where the tiny model is built."})
+
+    def tiny_model(self):
+        cache = Path(self.cache_dir or os.environ.get("TRL_GRPO_EXT_CACHE", "~/.cache/trl_grpo_ext")).expanduser()
+        with PartialState().main_process_first():  # the first process builds it; the others then find it built
+            return load_tiny_model(cache / "tiny-model")
+
+
+@dataclass
+class TrainScriptArguments(_ScriptArguments):
     """Arguments of `trl-grpo-ext train` beyond the trainer's config, TRL's `ModelConfig` and dataset mixture."""
 
-    trainer: str = field(
-        default="grpo_ext",
-        metadata={"help": f"Named trainer: {', '.join(TRAINERS)}. Each parses its own config class's defaults."},
-    )
+    trainer: str = field(default="grpo_ext", metadata={"help": "Named trainer (its config class gives the defaults)."})
     reward_funcs: list[str] | None = field(
         default=None,
-        metadata={
-            "help": "Rewards: registry names with optional parameters ('tag_format:tags=plan,think,answer'), dotted "
-            "import paths ('my_module.my_reward'), or reward model ids (anything with a '/'). Default: the "
-            f"trainer's own; for grpo_ext {' '.join(DEFAULT_REWARDS)}."
-        },
-    )
-    tiny: bool = field(
-        default=False,
-        metadata={
-            "help": "Offline smoke test: the tiny model and the built-in dataset, whatever model and dataset are "
-            "named, with small sizes over the recipe's (flags still win)."
-        },
-    )
-    data_files: str | None = field(default=None, metadata={"help": "Data files, for local datasets ('json' ...)."})
+        metadata={"help": "Rewards: registry names, 'name:key=value,...', dotted import paths or reward model ids "
+                  "(in YAML also {name: {key: value}}). Default: the trainer's own, else " + " ".join(DEFAULT_REWARDS)},
+    )  # fmt: skip
     tools: list[str] | None = field(
         default=None,
-        metadata={"help": "Tools the model may call: dotted import paths of functions with Google-style docstrings."},
+        metadata={"help": "Tools the model may call: dotted import paths of typed, documented functions."},
     )
     system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "System message for every prompt (replaces the dataset's own); may use {budget}."},
-    )
-    cache_dir: str | None = field(
-        default=None, metadata={"help": "Where the tiny model is built (default: ~/.cache/trl_grpo_ext)."}
+        default=None, metadata={"help": "System message for every prompt ({budget} ok)."}
     )
 
 
@@ -141,460 +108,281 @@ class CLIError(Exception):
     """A bad input. The message is one line that names the problem and the fix."""
 
 
-class _OneLineErrors:
-    def error(self, message):
-        # argparse would print its whole usage block and exit; our errors are one line, raised to `main`.
-        raise CLIError(f"{message}; see `{self.prog} --help`")
-
-
-class _Parser(_OneLineErrors, TrlParser):
+class Parser(TrlParser):
     """`TrlParser` with one-line errors, whose `overrides` beat the YAML config (the command line beats both)."""
 
-    def __init__(self, dataclass_types, defaults: dict | None = None, overrides: dict | None = None, **kwargs):
-        super().__init__(dataclass_types, prog="trl-grpo-ext train", allow_abbrev=False, **kwargs)
-        self.overrides = dict(overrides or {})
+    def __init__(self, dataclass_types, defaults=None, overrides=None, **kwargs):
+        super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
+        self.overrides, self.config_keys = dict(overrides or {}), set()
         self.applied = {**(defaults or {}), **self.overrides}
-        self.config_keys: set[str] = set()
         self.set_defaults(**self.applied)
+
+    def error(self, message):
+        raise CLIError(f"{message}; see `{self.prog} --help`")
 
     def set_defaults_with_config(self, **config) -> list[str]:
         self.config_keys = set(config)
         return super().set_defaults_with_config(**{**config, **self.overrides})
 
+    def parse(self, argv: list[str], **kwargs):
+        if "--config" in argv[:-1] and not os.path.isfile(path := argv[argv.index("--config") + 1]):
+            raise CLIError(f"--config {path}: no such file; give the path of a YAML recipe (see recipes/)")
+        try:
+            return self.parse_args_and_config(args=list(argv), **kwargs)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CLIError(_one_line(exc)) from exc
+
     def given(self, argv: list[str], parsed: tuple) -> dict:
         """The settings the run was given (YAML, flags, our defaults), as parsed: a recipe that reproduces it."""
         keys = self.config_keys | set(self.applied)
-        for token in argv:
-            action = self._option_string_actions.get(token.split("=", 1)[0])
-            if action is not None:
-                keys.add(action.dest)
-        values = {}
-        for obj in parsed:
-            for f in dataclasses.fields(obj):
-                if f.name in keys:
-                    values[f.name] = "<hidden>" if f.name.endswith("_token") else _plain(getattr(obj, f.name))
-        return values
+        keys |= {a.dest for t in argv if (a := self._option_string_actions.get(t.split("=", 1)[0])) is not None}
+        return {f.name: "<hidden>" if f.name.endswith("_token") else _plain(getattr(obj, f.name))
+                for obj in parsed for f in dataclasses.fields(obj) if f.name in keys}  # fmt: skip
 
 
 def _plain(value):
-    """`value` as YAML / JSON can write it."""
     if isinstance(value, Enum):
         return value.value
-    if dataclasses.is_dataclass(value):
-        return _plain(dataclasses.asdict(value))
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+    if dataclasses.is_dataclass(value):
+        return _plain(dataclasses.asdict(value))
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def _one_line(exc: BaseException) -> str:
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    text = " ".join(str(text).split())
-    for problem, fix in CONFIG_ERROR_FIXES.items():
-        if problem in text:
-            text = f"{text.rstrip('.')}; {fix}."
+    text = " ".join(str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).split())
+    if "must be divisible by num_generations" in text:
+        text = (f"{text.rstrip('.')}; make per_device_train_batch_size × number of processes × steps_per_generation "
+                "(or generation_batch_size) a multiple of num_generations, so that every prompt's group is generated "
+                "in one batch.")  # fmt: skip
     return text
-
-
-# ---------------------------------------------------------------------------------------------------- parsing
-def parse_train_args(argv: list[str]):
-    """Parse `train ARGS`: (trainer class, script args, training config, ModelConfig, DatasetMixtureConfig, given)."""
-    # A first pass reads only what picks the parser of the second: the trainer (its config class) and whether the
-    # tiny model runs (its defaults); the rest of the arguments wait for the second.
-    first = _Parser((TrainScriptArguments, ModelConfig), add_help=False)
-    try:
-        script_args, model_args, _ = first.parse_args_and_config(args=argv, return_remaining_strings=True)
-    except (ValueError, TypeError) as exc:
-        raise CLIError(_one_line(exc)) from exc
-    trainer_cls, config_cls = _trainer_classes(script_args.trainer)
-    tiny_model = script_args.tiny or model_args.model_name_or_path is None
-    defaults = {**_device_defaults(), **(QUICKSTART_DEFAULTS if tiny_model else {})}
-    parser = _Parser(
-        (TrainScriptArguments, config_cls, ModelConfig, DatasetMixtureConfig),
-        defaults=defaults,
-        overrides=TINY if script_args.tiny else None,
-    )
-    try:
-        parsed = parser.parse_args_and_config(args=argv)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CLIError(_one_line(exc)) from exc
-    return (trainer_cls, *parsed, parser.given(argv, parsed))
 
 
 def _device_defaults() -> dict:
     if torch.cuda.is_available():
         return {}
-    if torch.backends.mps.is_available():
-        return dict(CPU_DEFAULTS)
-    # Without use_cpu, accelerate does not see the processes that torchrun / accelerate launch start on a CPU-only
-    # machine (it would train each process alone instead of MULTI_CPU with gloo).
-    return {**CPU_DEFAULTS, "use_cpu": True}
+    # Without use_cpu, accelerate does not see the processes torchrun starts on a CPU-only machine.
+    return dict(CPU_DEFAULTS) if torch.backends.mps.is_available() else {**CPU_DEFAULTS, "use_cpu": True}
 
 
-def _trainer_classes(name: str):
-    if name not in TRAINERS:
-        raise CLIError(f"--trainer {name!r} is unknown; use one of: {', '.join(TRAINERS)}")
-    return TRAINERS[name]
+# ---------------------------------------------------------------------------------------------------- train
+def make_train_parser(config_class=None, subparsers=None, **defaults) -> Parser:
+    """The `train` parser for a trainer's config class (without it: the first pass, which reads `--trainer`).
+
+    With `subparsers` (an `add_subparsers(parser_class=Parser)` action, as TRL's own CLI builds them), it is added
+    to them as the `train` command."""
+    types = (TrainScriptArguments, ModelConfig) if config_class is None else (
+        TrainScriptArguments, config_class, ModelConfig, DatasetMixtureConfig)  # fmt: skip
+    if subparsers is not None:
+        return subparsers.add_parser("train", help="train a named trainer", dataclass_types=types, **defaults)
+    return Parser(types, prog="trl-grpo-ext train", add_help=config_class is not None, **defaults)
 
 
-def parse_reward_spec(spec: str) -> tuple[str, dict]:
-    """Split a `--reward_funcs` entry into a name and its parameters.
+def train(argv: list[str]) -> Path:
+    """Parse `argv` like `trl-grpo-ext train ARGS`, check it, train, save, and return the output directory."""
+    # A first pass reads what picks the second parser: the trainer (its config class) and whether the tiny model runs.
+    script_args, model_args, _ = make_train_parser().parse(argv, return_remaining_strings=True)
+    named = trainers()
+    if script_args.trainer not in named:
+        raise CLIError(f"--trainer {script_args.trainer!r} is unknown; use one of: {', '.join(named)}")
+    trainer_cls, config_cls = named[script_args.trainer]
+    tiny = script_args.tiny or model_args.model_name_or_path is None
+    parser = make_train_parser(config_cls, defaults={**_device_defaults(), **(QUICKSTART if tiny else {})},
+                               overrides=TINY if script_args.tiny else None)  # fmt: skip
+    parsed = parser.parse(argv)
+    script_args, args, model_args, dataset_args = parsed
+    given = parser.given(argv, parsed)
 
-    `name:key=value,key=value`; a comma-separated item without `=` continues the previous value as a list. Values
-    become ints, floats, booleans (true/false) or None (none/null) where they read as such, else strings.
-
-    >>> parse_reward_spec("tag_format:tags=plan,think,answer")
-    ('tag_format', {'tags': ['plan', 'think', 'answer']})
-    >>> parse_reward_spec("budget_length:shape=band,width=0.3")
-    ('budget_length', {'shape': 'band', 'width': 0.3})
-    """
-    name, _, rest = spec.partition(":")
-    name = name.strip()
-    if not name:
-        raise CLIError(f"--reward_funcs {spec!r} has no reward name before ':'; write 'name:key=value'")
-    params: dict[str, list] = {}
-    key = None
-    for item in rest.split(",") if rest.strip() else []:
-        head, eq, value = item.partition("=")
-        if eq:
-            key = head.strip()
-            if not key or key in params:
-                problem = "an empty parameter name" if not key else f"parameter {key!r} twice"
-                raise CLIError(f"--reward_funcs {spec!r} has {problem}; write 'name:key=value,key2=value2'")
-            params[key] = [_parse_value(value)]
-        elif key is None:
-            raise CLIError(f"--reward_funcs {spec!r}: {item!r} is not key=value; write 'name:key=value,key2=value2'")
-        else:
-            params[key].append(_parse_value(item))
-    return name, {k: v[0] if len(v) == 1 else v for k, v in params.items()}
-
-
-def _parse_value(text: str):
-    text = text.strip()
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def resolve_rewards(specs: list[str] | None) -> list | None:
-    """Reward callables (or reward-model ids) for `--reward_funcs` entries; a bad entry raises `CLIError`."""
-    if specs is None:
-        return None
-    rewards = []
-    for spec in specs:
-        if "/" in spec and ":" not in spec:
-            rewards.append(spec)  # a reward model id or path: TRL loads it
-            continue
-        name, params = parse_reward_spec(spec)
-        try:
-            rewards.append(get_reward(name, **params))
-        except TypeError as exc:
-            raise CLIError(
-                f"--reward_funcs {spec!r}: {_one_line(exc)}; use the parameters the reward takes (its docstring, or "
-                f"`help(trl_grpo_ext.get_reward)`)"
-            ) from exc
-        except (KeyError, ValueError) as exc:
-            raise CLIError(f"--reward_funcs {spec!r}: {_one_line(exc)}") from exc
-    return rewards
-
-
-def required_columns(reward) -> list[str]:
-    """Dataset columns a reward function needs: its parameters without defaults that TRL does not fill itself."""
-    if isinstance(reward, str):
-        return []
+    specs = script_args.reward_funcs
+    if specs is None and trainer_cls in (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.SegmentGRPOTrainer):
+        specs = DEFAULT_REWARDS
     try:
-        parameters = inspect.signature(reward).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
-        return []
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [
-        p.name
-        for p in parameters
-        if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_REWARD_ARGUMENTS
-    ]
-
-
-def check_columns(dataset, where: str, reward_funcs: list | None, training_args) -> None:
-    """Raise `CLIError` if `dataset` lacks the prompt column, a reward's column or a prefix column."""
-    columns = dataset.column_names
-    if columns is None:  # a streamed dataset may not know its columns before the first row
-        return
-    if "prompt" not in columns:
+        rewards = resolve_rewards(specs)
+    except TypeError as exc:
         raise CLIError(
-            f"{where} has no 'prompt' column (columns: {columns}); GRPO generates from `prompt`: rename your "
-            "prompt column to 'prompt' (`dataset.rename_column`) or pick a dataset in TRL's prompt format"
-        )
-    for reward in reward_funcs or []:
-        for column in required_columns(reward):
-            if column not in columns:
-                name = getattr(reward, "__name__", type(reward).__name__)
-                raise CLIError(
-                    f"reward {name!r} needs a {column!r} column, but {where} has only {columns}; add or rename the "
-                    "column, or leave the reward out of --reward_funcs"
-                )
-    for option in ("context_prefix_column", "completion_prefix_column"):
-        column = getattr(training_args, option, None)
-        if column is not None and column not in columns:
+            f"--reward_funcs: {_one_line(exc)}; use the parameters the reward takes (its docstring)"
+        ) from exc
+    except (KeyError, ValueError) as exc:
+        raise CLIError(f"--reward_funcs: {_one_line(exc)}") from exc
+    if args.reward_weights is not None and rewards is not None and len(args.reward_weights) != len(rewards):
+        raise CLIError(f"--reward_weights has {len(args.reward_weights)} values for {len(rewards)} reward functions; "
+                       "give one weight per reward, in order")  # fmt: skip
+    if args.push_to_hub:
+        try:
+            validate_repo_id(args.hub_model_id or Path(args.output_dir).resolve().name)
+        except ValueError as exc:
+            raise CLIError(f"--hub_model_id: {_one_line(exc)}; set --hub_model_id to 'user/name'") from exc
+    if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
+        raise CLIError("a quantized base (--load_in_4bit / --load_in_8bit) cannot be trained itself; add --use_peft")
+    builtin = script_args.tiny or (not script_args.dataset_name and not dataset_args.datasets)
+    train_dataset, eval_dataset, name = _datasets(script_args, dataset_args, args, builtin)
+    for dataset, where in ((train_dataset, name), (eval_dataset, f"{name} (eval split)")):
+        if dataset is not None:
+            _check_columns(dataset, where, rewards, args)
+    tools = [_tool(path) for path in script_args.tools or []] or None
+    if tools is None and trainer_cls is trl_grpo_ext.SegmentGRPOTrainer and args.segment_by in (None, "tool_calls"):
+        tools = [calculator]  # segments by tool calls need a tool: the built-in calculator
+
+    model, processing_class = script_args.tiny_model() if tiny else (model_args.model_name_or_path, None)
+    args.model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": args.trust_remote_code,
+                              "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype,
+                              **(args.model_init_kwargs or {})}  # fmt: skip
+    # One upload at the end, with our model card, instead of Trainer's repo creation at start and pushes on save.
+    push_to_hub, args.push_to_hub = args.push_to_hub, False
+    try:
+        trainer = trainer_cls(model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset,
+                              eval_dataset=eval_dataset, processing_class=processing_class, tools=tools,
+                              peft_config=get_peft_config(model_args),
+                              quantization_config=get_quantization_config(model_args))  # fmt: skip
+    except ValueError as exc:  # the extensions' checks, before the model loads
+        raise CLIError(_one_line(exc)) from exc
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    out = Path(args.output_dir).resolve()
+    trainer.save_model(str(out))
+    dataset_name = "built-in" if builtin else ("mixture" if dataset_args.datasets else script_args.dataset_name)
+    trainer.run_info = {"trainer": script_args.trainer, "model": "tiny" if tiny else model_args.model_name_or_path,
+                        "dataset": dataset_name, "config": given}  # fmt: skip
+    if push_to_hub:
+        args.hub_model_id = args.hub_model_id or out.name
+        try:
+            trainer.push_to_hub()  # writes our model card (create_model_card), then uploads output_dir
+        except Exception as exc:  # the Hub's errors (auth, network, permissions) all leave the run on disk
             raise CLIError(
-                f"--{option} {column!r}, but {where} has no such column (columns: {columns}); add it or unset "
-                f"--{option}"
-            )
+                f"pushing {out} to {args.hub_model_id!r} failed: {_one_line(exc)}; the run is saved: log "
+                f"in (`hf auth login`), then run `trl-grpo-ext push {out} {args.hub_model_id}`"
+            ) from exc
+        print(f"Pushed to https://huggingface.co/{trainer.hub_model_id}")
+    else:
+        trainer.create_model_card()
+    if trainer.is_world_process_zero():
+        rewards_logged = [log["reward"] for log in trainer.state.log_history if "reward" in log]
+        summary = f"mean reward {rewards_logged[0]:.3f} -> {rewards_logged[-1]:.3f}; " if rewards_logged else ""
+        print(f"Trained {trainer.state.global_step} steps; {summary}saved to {out}")
+    return out
 
 
-# ---------------------------------------------------------------------------------------------------- data and model
-def load_datasets(script_args, dataset_args, training_args, builtin: bool):
+def _datasets(script_args, dataset_args, args, builtin: bool):
     """(train dataset, eval dataset or None, a name for messages), as TRL's `trl grpo` loads them."""
     if builtin:
-        dataset = DatasetDict({"train": tiny_dataset(64), "test": tiny_dataset(16, seed=1)})
-        name = "the built-in dataset"
+        dataset, name = (
+            DatasetDict({"train": tiny_dataset(64), "test": tiny_dataset(16, seed=1)}),
+            "the built-in dataset",
+        )
     else:
-        dataset, name = _load_named_dataset(script_args, dataset_args)
+        name = "the `datasets` mixture" if dataset_args.datasets else f"dataset {script_args.dataset_name!r}"
+        try:
+            dataset = get_dataset(dataset_args) if dataset_args.datasets else load_dataset(
+                script_args.dataset_name, name=script_args.dataset_config, data_files=script_args.data_files,
+                streaming=script_args.dataset_streaming)  # fmt: skip
+        except Exception as exc:  # offline, not found, bad files: all mean the same here
+            raise CLIError(f"{name} could not be loaded: {_one_line(exc)}; check the name, config and data files, or "
+                           "pass --tiny to train offline on the built-in dataset") from exc  # fmt: skip
     splits = [("train", script_args.dataset_train_split)]
-    if training_args.eval_strategy != "no":
+    if args.eval_strategy != "no":
         splits.append(("eval", script_args.dataset_test_split))
-    system = script_args.system_prompt
     loaded = []
     for role, split in splits:
         if split not in dataset:
             option = "--dataset_train_split" if role == "train" else "--dataset_test_split (or set test_split_size)"
             raise CLIError(f"{name} has no split {split!r} to {role} on (splits: {list(dataset)}); set {option}")
         part = dataset[split]
-        if system is not None:
-            part = part.map(lambda row: {"prompt": with_system_prompt(row["prompt"], system)})
+        if script_args.system_prompt is not None:
+            part = part.map(lambda row: {"prompt": with_system_prompt(row["prompt"], script_args.system_prompt)})
         loaded.append(part)
-    train_dataset, eval_dataset = loaded[0], (loaded[1] if len(loaded) > 1 else None)
-    return train_dataset, eval_dataset, name
-
-
-def _load_named_dataset(script_args, dataset_args):
-    if dataset_args.datasets:
-        if script_args.dataset_name:
-            logger.warning("Both `datasets` and `dataset_name` are given: the `datasets` mixture is used, as in TRL.")
-        load, name = (lambda: get_dataset(dataset_args)), "the `datasets` mixture"
-    else:
-        name = f"dataset {script_args.dataset_name!r}"
-
-        def load():
-            return load_dataset(
-                script_args.dataset_name,
-                name=script_args.dataset_config,
-                data_files=script_args.data_files,
-                streaming=script_args.dataset_streaming,
-            )
-
-    try:
-        return load(), name
-    except Exception as exc:  # the loaders raise many kinds (offline, not found, bad files); all mean the same here
-        raise CLIError(
-            f"{name} could not be loaded: {_one_line(exc)}; check the name, config and data files, or pass --tiny to "
-            "train offline on the built-in dataset"
-        ) from exc
+    return loaded[0], (loaded[1] if len(loaded) > 1 else None), name
 
 
 def with_system_prompt(prompt, system: str):
     """`prompt` with `system` as its system message (conversational) or first line (standard)."""
     if isinstance(prompt, str):
         return f"{system}\n{prompt}"
-    rest = [m for m in prompt if m.get("role") != "system"]
-    return [{"role": "system", "content": system}, *rest]
+    return [{"role": "system", "content": system}, *(m for m in prompt if m.get("role") != "system")]
 
 
-def _import_tool(path: str):
-    from .registry import _import_path
+def required_columns(reward) -> list[str]:
+    """Dataset columns a reward function needs: its parameters without defaults that TRL does not fill itself."""
+    try:
+        parameters = inspect.signature(reward).parameters.values()
+    except (TypeError, ValueError):  # a reward-model id, a builtin: nothing to read
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters
+            if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_REWARD_ARGUMENTS]  # fmt: skip
 
+
+def _check_columns(dataset, where: str, rewards, args) -> None:
+    columns = dataset.column_names
+    if columns is None:  # a streamed dataset may not know its columns before the first row
+        return
+    if "prompt" not in columns:
+        raise CLIError(f"{where} has no 'prompt' column (columns: {columns}); GRPO generates from `prompt`: rename "
+                       "your prompt column to 'prompt' (`dataset.rename_column`) or pick a dataset in TRL's format")  # fmt: skip
+    for reward in rewards or []:
+        for column in required_columns(reward):
+            if column not in columns:
+                name = getattr(reward, "__name__", type(reward).__name__)
+                raise CLIError(f"reward {name!r} needs a {column!r} column, but {where} has only {columns}; add or "
+                               "rename the column, or leave the reward out of --reward_funcs")  # fmt: skip
+    for option in ("context_prefix_column", "completion_prefix_column"):
+        column = getattr(args, option, None)
+        if column is not None and column not in columns:
+            raise CLIError(f"--{option} {column!r}, but {where} has no such column (columns: {columns}); add it or "
+                           f"unset --{option}")  # fmt: skip
+
+
+def _tool(path: str):
     try:
         return _import_path(path, "tool")
     except (KeyError, TypeError) as exc:
         raise CLIError(f"--tools {path!r}: {_one_line(exc)}; give the dotted import path of a function") from exc
 
 
-def _tiny_model(script_args):
-    cache = Path(script_args.cache_dir or os.environ.get("TRL_GRPO_EXT_CACHE", "~/.cache/trl_grpo_ext")).expanduser()
-    with PartialState().main_process_first():  # the first process builds it; the others then find it built
-        return load_tiny_model(cache / "tiny-model")
-
-
-# ---------------------------------------------------------------------------------------------------- commands
-def train(argv: list[str]) -> Path:
-    """Parse `argv` like `trl-grpo-ext train ARGS`, check it, train, save, and return the output directory."""
-    trainer_cls, script_args, training_args, model_args, dataset_args, given = parse_train_args(argv)
-    reward_funcs, train_dataset, eval_dataset = _checked_inputs(
-        trainer_cls, script_args, training_args, model_args, dataset_args
-    )
-    tools = [_import_tool(path) for path in script_args.tools or []] or None
-
-    # Checked: from here on models load and output_dir is written.
-    tiny_model = script_args.tiny or model_args.model_name_or_path is None
-    if tiny_model:
-        model, processing_class = _tiny_model(script_args)
-    else:
-        model, processing_class = model_args.model_name_or_path, None
-    training_args.model_init_kwargs = {
-        "revision": model_args.model_revision,
-        "trust_remote_code": training_args.trust_remote_code,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype,
-        **(training_args.model_init_kwargs or {}),
-    }
-    # One upload at the end, with our model card, instead of Trainer's repo creation at start and pushes on save.
-    push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
-    trainer = trainer_cls(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=processing_class,
-        peft_config=get_peft_config(model_args),
-        quantization_config=get_quantization_config(model_args),
-        tools=tools,
-    )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    out = Path(training_args.output_dir).resolve()
-    trainer.save_model(str(out))
-    if not trainer.is_world_process_zero():
-        return out
-    model_name = "tiny" if tiny_model else model_args.model_name_or_path
-    if _builtin_data(script_args, dataset_args):
-        dataset_name = "built-in"
-    else:
-        dataset_name = "mixture" if dataset_args.datasets else script_args.dataset_name
-    hub.save_run(trainer, out, trainer_name=script_args.trainer, model=model_name, dataset=dataset_name, config=given)
-    rewards = [log["reward"] for log in trainer.state.log_history if "reward" in log]
-    summary = f"mean reward {rewards[0]:.3f} -> {rewards[-1]:.3f}; " if rewards else ""
-    print(f"Trained {trainer.state.global_step} steps; {summary}saved to {out}")
-    if push_to_hub:
-        repo_id = training_args.hub_model_id or out.name
-        url = _push(out, repo_id, private=training_args.hub_private_repo, token=training_args.hub_token)
-        print(f"Pushed to {url}")
-    return out
-
-
-def _builtin_data(script_args, dataset_args) -> bool:
-    return script_args.tiny or (not script_args.dataset_name and not dataset_args.datasets)
-
-
-def _checked_inputs(trainer_cls, script_args, training_args, model_args, dataset_args):
-    """(reward functions, train dataset, eval dataset), once every input is checked; raises `CLIError`."""
-    specs = script_args.reward_funcs
-    if specs is None and trainer_cls is GRPOExtTrainer:
-        specs = DEFAULT_REWARDS
-    reward_funcs = resolve_rewards(specs)
-    weights = training_args.reward_weights
-    if weights is not None and reward_funcs is not None and len(weights) != len(reward_funcs):
-        raise CLIError(
-            f"--reward_weights has {len(weights)} values for {len(reward_funcs)} reward functions "
-            f"({' '.join(specs)}); give one weight per reward, in order"
-        )
-    if training_args.push_to_hub:
-        try:
-            validate_repo_id(training_args.hub_model_id or Path(training_args.output_dir).resolve().name)
-        except ValueError as exc:
-            raise CLIError(f"--hub_model_id: {_one_line(exc)}; set --hub_model_id to 'user/name'") from exc
-    if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
-        raise CLIError("a quantized base (--load_in_4bit / --load_in_8bit) cannot be trained itself; add --use_peft")
-    builtin = _builtin_data(script_args, dataset_args)
-    train_dataset, eval_dataset, name = load_datasets(script_args, dataset_args, training_args, builtin=builtin)
-    check_columns(train_dataset, name, reward_funcs, training_args)
-    if eval_dataset is not None:
-        check_columns(eval_dataset, f"{name} (eval split)", reward_funcs, training_args)
-    return reward_funcs, train_dataset, eval_dataset
-
-
-def _push(folder: Path, repo_id: str, private: bool | None = None, token: str | None = None) -> str:
-    try:
-        return hub.push(folder, repo_id, private=private, token=token)
-    except (FileNotFoundError, ValueError) as exc:
-        raise CLIError(_one_line(exc)) from exc
-    except Exception as exc:  # the Hub's errors (auth, network, permissions) all leave the run on disk
-        raise CLIError(
-            f"pushing {folder} to {repo_id!r} failed: {_one_line(exc)}; the run is saved: log in (`hf auth login`) or "
-            f"fix the repo id, then run `trl-grpo-ext push {folder} {repo_id}`"
-        ) from exc
-
-
-class _PushParser(_OneLineErrors, argparse.ArgumentParser):
-    pass
-
-
-def push(argv: list[str]) -> str:
-    """`trl-grpo-ext push OUTPUT_DIR REPO_ID`: write the model card and upload the saved run."""
-    parser = _PushParser(
-        prog="trl-grpo-ext push",
-        description="Upload a run saved by `trl-grpo-ext train` (model or LoRA adapter) to the Hugging Face Hub, "
-        "with a model card naming its methods, papers, config and final metrics.",
-    )
-    parser.add_argument("output_dir", help="the run's output_dir")
-    parser.add_argument("repo_id", help="Hub repository, 'user/name' (created if missing)")
-    parser.add_argument("--private", action="store_true", help="create the repository private")
-    args = parser.parse_args(argv)
-    url = _push(Path(args.output_dir).resolve(), args.repo_id, private=args.private or None)
-    print(f"Pushed {args.output_dir} to {url}")
-    return url
-
-
+# ---------------------------------------------------------------------------------------------------- sft
 @dataclass
-class SFTScriptArguments:
+class SFTScriptArguments(_ScriptArguments):
     """Arguments of `trl-grpo-ext sft`: a cold start on plan-formatted reasoning (PTA-GRPO's stage 1)."""
 
-    dataset_name: str | None = field(default=None, metadata={"help": "Dataset for `datasets.load_dataset`."})
-    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
-    data_files: str | None = field(default=None, metadata={"help": "Data files, for local datasets ('json' ...)."})
-    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     question_column: str = field(default="question", metadata={"help": "Column with the question."})
     plan_column: str = field(default="plan", metadata={"help": "Column with the condensed plan."})
     reasoning_column: str = field(default="reasoning", metadata={"help": "Column with the reasoning."})
     answer_column: str = field(default="answer", metadata={"help": "Column with the final answer."})
-    tiny: bool = field(default=False, metadata={"help": "Offline: the tiny model and synthetic plan rows."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Where the tiny model is built."})
+
+
+def make_sft_parser(subparsers=None) -> Parser:
+    from trl import SFTConfig
+
+    types = (SFTScriptArguments, SFTConfig, ModelConfig)
+    if subparsers is not None:
+        return subparsers.add_parser("sft", help="PTA-GRPO's cold start (SFT)", dataclass_types=types)
+    return Parser(types, prog="trl-grpo-ext sft", defaults=_device_defaults())
 
 
 def sft(argv: list[str]) -> Path:
     """`trl-grpo-ext sft`: TRL's SFTTrainer on `(question, plan, reasoning, answer)` rows formatted as
     `<plan>…</plan><think>…</think><answer>…</answer>` (`trl_grpo_ext.data.pta_sft_dataset`); returns the output dir."""
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     from .data import pta_sft_dataset
+    from .testing import tiny_pta_rows
 
-    parser = _Parser((SFTScriptArguments, SFTConfig, ModelConfig), defaults=_device_defaults())
-    parser.prog = "trl-grpo-ext sft"
-    try:
-        script_args, sft_args, model_args = parser.parse_args_and_config(args=argv)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CLIError(_one_line(exc)) from exc
+    script_args, sft_args, model_args = make_sft_parser().parse(argv)
     columns = dict(question=script_args.question_column, plan=script_args.plan_column,
                    reasoning=script_args.reasoning_column, answer=script_args.answer_column)  # fmt: skip
-    if script_args.tiny or script_args.dataset_name is None:
-        from .testing import tiny_pta_rows
-
-        rows = tiny_pta_rows()
-        columns = {}
-    else:
-        try:
-            rows = load_dataset(script_args.dataset_name, name=script_args.dataset_config,
-                                data_files=script_args.data_files, split=script_args.dataset_train_split)  # fmt: skip
-        except Exception as exc:  # offline, not found, bad files: all mean the same here
-            raise CLIError(f"dataset {script_args.dataset_name!r} could not be loaded: {_one_line(exc)}") from exc
+    tiny = script_args.tiny or script_args.dataset_name is None
     try:
-        dataset = pta_sft_dataset(rows, **columns)
+        rows = tiny_pta_rows() if tiny else load_dataset(script_args.dataset_name, name=script_args.dataset_config,
+                                                         data_files=script_args.data_files,
+                                                         split=script_args.dataset_train_split)  # fmt: skip
+        dataset = pta_sft_dataset(rows, **({} if tiny else columns))
     except (KeyError, ValueError) as exc:
         raise CLIError(f"{_one_line(exc)}; name the columns with --question_column, --plan_column, ...") from exc
-    if script_args.tiny or model_args.model_name_or_path is None:
-        model, processing_class = _tiny_model(script_args)
-    else:
-        model, processing_class = model_args.model_name_or_path, None
+    except Exception as exc:  # offline, not found, bad files: all mean the same here
+        raise CLIError(f"dataset {script_args.dataset_name!r} could not be loaded: {_one_line(exc)}") from exc
+    tiny_model = script_args.tiny or model_args.model_name_or_path is None
+    model, processing_class = script_args.tiny_model() if tiny_model else (model_args.model_name_or_path, None)
     trainer = SFTTrainer(model=model, args=sft_args, train_dataset=dataset, processing_class=processing_class,
                          peft_config=get_peft_config(model_args))  # fmt: skip
     trainer.train()
@@ -605,29 +393,66 @@ def sft(argv: list[str]) -> Path:
     return out
 
 
-COMMANDS = {"train": train, "sft": sft, "push": push}
-USAGE = """usage: trl-grpo-ext COMMAND [ARGS]
+# ---------------------------------------------------------------------------------------------------- push
+def make_push_parser(subparsers=None) -> argparse.ArgumentParser:
+    description = ("Upload a run saved by `trl-grpo-ext train` (model or LoRA adapter) to the Hugging Face Hub, with "
+                   "a model card naming its methods, papers, config and final metrics.")  # fmt: skip
+    if subparsers is not None:
+        parser = subparsers.add_parser("push", help="upload a saved run with its model card", description=description)
+    else:
+        parser = _PushParser(prog="trl-grpo-ext push", description=description)
+    parser.add_argument("output_dir", help="the run's output_dir")
+    parser.add_argument("repo_id", help="Hub repository, 'user/name' (created if missing)")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    return parser
 
-commands:
-  train    train a named trainer (no arguments: the offline quickstart); `train --help` lists every flag
-  sft      PTA-GRPO's cold start: SFT on (question, plan, reasoning, answer) rows in the plan format
-  push     upload a saved run with its model card: `push OUTPUT_DIR REPO_ID`
-"""
+
+class _PushParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise CLIError(f"{message}; see `{self.prog} --help`")
+
+
+def push(argv: list[str]) -> str:
+    """`trl-grpo-ext push OUTPUT_DIR REPO_ID`: write the model card and upload the saved run."""
+    args = make_push_parser().parse_args(argv)
+    folder = Path(args.output_dir).resolve()
+    try:
+        url = hub.push(folder, args.repo_id, private=args.private or None)
+    except (FileNotFoundError, ValueError) as exc:
+        raise CLIError(_one_line(exc)) from exc
+    except Exception as exc:  # the Hub's errors (auth, network, permissions) all leave the run on disk
+        raise CLIError(
+            f"pushing {folder} to {args.repo_id!r} failed: {_one_line(exc)}; log in (`hf auth login`) or "
+            f"fix the repo id, then run `trl-grpo-ext push {folder} {args.repo_id}` again"
+        ) from exc
+    print(f"Pushed {args.output_dir} to {url}")
+    return url
+
+
+# ---------------------------------------------------------------------------------------------------- main
+COMMANDS = {
+    "train": (train, "train a named trainer (no arguments: the offline quickstart); `train --help` lists every flag"),
+    "sft": (sft, "PTA-GRPO's cold start: SFT on (question, plan, reasoning, answer) rows in the plan format"),
+    "push": (push, "upload a saved run with its model card: `push OUTPUT_DIR REPO_ID`"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="trl-grpo-ext", description=__doc__.split("\n\n")[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, text) in COMMANDS.items():
+        subparsers.add_parser(name, help=text, add_help=False)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        parser.print_help()
         return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command not in COMMANDS:
-        print(f"trl-grpo-ext: unknown command {command!r}.\n{USAGE}", file=sys.stderr)
+    if argv[0] not in COMMANDS:
+        print(f"trl-grpo-ext: unknown command {argv[0]!r}; use one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     try:
-        COMMANDS[command](rest)
+        COMMANDS[argv[0]][0](argv[1:])
     except CLIError as exc:
-        print(f"trl-grpo-ext {command}: error: {exc}", file=sys.stderr)
+        print(f"trl-grpo-ext {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
     return 0
 

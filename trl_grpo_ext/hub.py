@@ -1,9 +1,10 @@
-"""Model cards and Hub uploads for saved runs: the method(s) that trained the model, their papers, config, metrics.
+"""Run records and model cards: the methods that trained a model, their papers, its configuration and metrics.
 
-`trl-grpo-ext train` calls `save_run` after saving the model: it writes the run record (`trl_grpo_ext_run.json`) and a
-model card (`README.md`) into the output directory. `trl-grpo-ext push OUTPUT_DIR REPO_ID`, and `--push_to_hub` at
-the end of training, call `push`: it rewrites the card for the repository and uploads the folder (the model, or the
-LoRA adapter) with `HfApi.upload_folder`.
+`GRPOExtTrainer.create_model_card` (which TRL's and transformers' `push_to_hub` call) writes the run record
+(`trl_grpo_ext_run.json`) and the model card (`README.md`) into `output_dir`. The card is TRL's own
+(`trl.trainer.utils.generate_model_card`, with the trainer's `_tag_names` and the methods as tags) followed by our
+sections: the methods and their papers, how to load the result, the configuration, the final metrics. `trl-grpo-ext
+push OUTPUT_DIR REPO_ID` rewrites the card for the repository and uploads a saved run with `HfApi.upload_folder`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ GRPO = ("GRPO (DeepSeekMath)", "2402.03300")
 
 
 def methods_used(trainer) -> list[str]:
-    """The names of the registered methods whose extension `trainer` runs, after "grpo", in registration order."""
+    """ "grpo", then the registered methods whose extension `trainer` runs, in registration order."""
     names = {extension.name for extension in getattr(trainer, "extensions", [])}
     return ["grpo", *(m.name for m in list_methods() if m.name in names and m.arxiv)]
 
@@ -37,102 +38,96 @@ def final_metrics(log_history: list[dict]) -> dict[str, float]:
     return metrics
 
 
-def save_run(trainer, output_dir, *, trainer_name: str, model: str, dataset: str, config: dict) -> dict:
-    """Write the run record and the model card into `output_dir` (after `trainer.save_model(output_dir)`).
-
-    Args:
-        trainer: the trained trainer (its methods, reward names, steps and logged metrics are recorded).
-        trainer_name: the `--trainer` name.
-        model: the base model as given (a Hub id or a local path), or "tiny" for the offline test model.
-        dataset: the dataset as given (a Hub id, a local path or builder), "built-in", or "mixture".
-        config: the settings the run was given, as a YAML recipe would hold them.
-    """
-    folder = Path(output_dir)
-    record = {
-        "trainer": trainer_name,
+def run_record(trainer, *, model: str | None = None, dataset: str | None = None, config: dict | None = None) -> dict:
+    """What a trained `trainer` records about its run (`config`: the settings it was given, as a recipe holds them)."""
+    folder = Path(trainer.args.output_dir)
+    return {
+        "trainer": getattr(trainer, "cli_name", None),
         "trainer_class": type(trainer).__name__,
         "methods": methods_used(trainer),
-        "model": model,
+        "model": model or getattr(trainer.model.config, "_name_or_path", None),
         "dataset": dataset,
         "output_dir": str(folder.resolve()),
         "adapter": (folder / "adapter_config.json").exists(),
         "reward_funcs": list(trainer.reward_func_names),
         "steps": trainer.state.global_step,
-        "config": config,
+        "config": config or {},
         "metrics": final_metrics(trainer.state.log_history),
         "versions": _versions(),
     }
-    (folder / RUN_FILE).write_text(json.dumps(record, indent=2))
-    model_card(record).save(folder / "README.md")
-    return record
 
 
 def load_run(output_dir) -> dict:
-    """The run record saved by `save_run` in `output_dir`; raises FileNotFoundError naming the fix."""
+    """The run record saved in `output_dir`; raises FileNotFoundError naming the fix."""
     path = Path(output_dir) / RUN_FILE
     if not path.exists():
         raise FileNotFoundError(
-            f"{output_dir} has no {RUN_FILE}: push uploads runs saved by `trl-grpo-ext train` (or "
-            "`trl_grpo_ext.hub.save_run`); give the run's output_dir, or upload other folders with `hf upload`"
+            f"{output_dir} has no {RUN_FILE}: push uploads runs saved by `trl-grpo-ext train` (or a trainer's "
+            "`create_model_card()`); give the run's output_dir, or upload other folders with `hf upload`"
         )
     return json.loads(path.read_text())
 
 
-def model_card(record: dict, repo_id: str | None = None):
-    """A `huggingface_hub.ModelCard` for a run record: methods and papers, usage, the config, the final metrics.
+def write_run(record: dict, output_dir, tags=(), repo_id: str | None = None) -> None:
+    """Write the run record and its model card into `output_dir`."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RUN_FILE).write_text(json.dumps(record, indent=2))
+    model_card(record, repo_id=repo_id, tags=tags).save(folder / "README.md")
+
+
+def model_card(record: dict, repo_id: str | None = None, tags=()):
+    """TRL's model card for a run record, followed by the methods and papers, usage, configuration and metrics.
 
     `repo_id` is where the card is pushed to; without it, the card describes the local output directory.
     """
     import yaml
-    from huggingface_hub import ModelCard, ModelCardData
+    from trl.trainer.utils import generate_model_card
 
     base = _hub_id(record["model"])
     dataset = _hub_id(record["dataset"])
     title = repo_id.split("/")[-1] if repo_id else Path(record["output_dir"]).name
-    data = ModelCardData(
-        base_model=base,
-        datasets=[dataset] if dataset else None,
-        library_name="peft" if record["adapter"] else "transformers",
-        pipeline_tag="text-generation",
-        tags=["trl", "grpo", "trl-grpo-ext", *(k for k in record["methods"] if k != "grpo")],
-        model_name=title,
-    )
+    methods = [k for k in record["methods"] if k != "grpo"]
+    card = generate_model_card(
+        base_model=base, model_name=title, hub_model_id=repo_id or record["output_dir"], dataset_name=dataset,
+        tags=sorted({"trl", "grpo", "trl-grpo-ext", *tags, *methods}), wandb_url=None, trackio_url=None,
+        trainer_name=f"trl-grpo-ext's {record['trainer_class']}", paper_title=GRPO[0], paper_id=GRPO[1],
+    )  # fmt: skip
+    card.data.library_name = "peft" if record["adapter"] else "transformers"
+    card.data.datasets = [dataset] if dataset else None
+    card.data.pipeline_tag = "text-generation"
     kind = "A LoRA adapter for" if record["adapter"] else "A fine-tune of"
     base_text = f"[{base}](https://huggingface.co/{base})" if base else _describe_local(record["model"])
     if dataset:
         data_text = f"[{dataset}](https://huggingface.co/datasets/{dataset})"
-    elif record["dataset"] == "built-in":
-        data_text = "the built-in arithmetic dataset"
-    elif record["dataset"] == "mixture":
-        data_text = "the `datasets` mixture of the configuration below"
     else:
-        data_text = f"`{record['dataset']}`"
-    methods = "\n".join(_method_row(key) for key in record["methods"])
+        data_text = {"built-in": "the built-in arithmetic dataset", "mixture": "the `datasets` mixture below"}.get(
+            record["dataset"], f"`{record['dataset']}`"
+        )
+    rows = "\n".join(_method_row(key) for key in record["methods"])
     metrics = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(record["metrics"].items())) or "| (none logged) | |"
     rewards = ", ".join(f"`{r}`" for r in record["reward_funcs"])
     recipe = yaml.safe_dump(record["config"], sort_keys=False, allow_unicode=True).strip()
     versions = "\n".join(f"- {package}: {v}" for package, v in record["versions"].items())
-    usage = _usage(repo_id or record["output_dir"], base, record["adapter"])
-    trainer_class, steps = record["trainer_class"], record["steps"]
-    body = f"""
-# {title}
+    card.text += f"""
+## trl-grpo-ext
 
-{kind} {base_text}, trained with [trl-grpo-ext]({REPOSITORY_URL}) (`{trainer_class}`, built on TRL's `GRPOTrainer`)
-on {data_text} for {steps} steps.
+{kind} {base_text}, trained with [trl-grpo-ext]({REPOSITORY_URL}) (`{record["trainer_class"]}`, built on TRL's
+`GRPOTrainer`) on {data_text} for {record["steps"]} steps.
 
-## Methods
+### Methods
 
 | method | paper |
 |---|---|
-{methods}
+{rows}
 
-## Usage
+### Usage
 
 ```python
-{usage}
+{_usage(repo_id or record["output_dir"], base, record["adapter"])}
 ```
 
-## Training configuration
+### Training configuration
 
 Rewards: {rewards}. The settings the run was given, as a recipe for `trl-grpo-ext train --config recipe.yaml`:
 
@@ -140,7 +135,7 @@ Rewards: {rewards}. The settings the run was given, as a recipe for `trl-grpo-ex
 {recipe}
 ```
 
-## Final metrics
+### Final metrics
 
 The last logged value of each metric. A method's own metrics carry its prefix (`curriculum/`, `prorl/`, ...).
 
@@ -148,23 +143,11 @@ The last logged value of each metric. A method's own metrics carry its prefix (`
 |---|---|
 {metrics}
 
-## Framework versions
+### Package versions
 
 {versions}
 """
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
-
-
-def _method_row(key: str) -> str:
-    if key == "grpo":
-        title, arxiv = GRPO
-    else:
-        try:
-            method = get_method(key)
-        except KeyError:  # a record from a version that knew a method this one does not
-            return f"| {key} | |"
-        title, arxiv = method.title, method.arxiv
-    return f"| {title} | [arXiv:{arxiv}](https://arxiv.org/abs/{arxiv}) |"
+    return card
 
 
 def push(output_dir, repo_id: str, *, private: bool | None = None, token: str | None = None) -> str:
@@ -196,6 +179,18 @@ def push(output_dir, repo_id: str, *, private: bool | None = None, token: str | 
     return str(repo)
 
 
+def _method_row(key: str) -> str:
+    if key == "grpo":
+        title, arxiv = GRPO
+    else:
+        try:
+            method = get_method(key)
+        except KeyError:  # a record from a version that knew a method this one does not
+            return f"| {key} | |"
+        title, arxiv = method.title, method.arxiv
+    return f"| {title} | [arXiv:{arxiv}](https://arxiv.org/abs/{arxiv}) |"
+
+
 def _hub_id(name: str | None) -> str | None:
     # A Hub id is "owner/name" and not a local path; "tiny", "built-in", builders ("json") and paths are not.
     if not name or name.count("/") != 1 or name.startswith((".", "/", "~")) or Path(name).exists():
@@ -203,7 +198,7 @@ def _hub_id(name: str | None) -> str | None:
     return name
 
 
-def _describe_local(model: str) -> str:
+def _describe_local(model: str | None) -> str:
     if model == "tiny":
         return "the tiny random Qwen2 of `trl_grpo_ext.testing` (an offline test model)"
     return f"the local model `{model}`"

@@ -20,7 +20,15 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-__all__ = ["build_tiny_model", "load_tiny_model", "tiny_dataset", "tiny_pta_rows", "cpu_test_config_kwargs", "CPU_KWARGS", "TAG_TOKENS"]
+__all__ = [
+    "build_tiny_model",
+    "load_tiny_model",
+    "tiny_dataset",
+    "tiny_pta_rows",
+    "cpu_test_config_kwargs",
+    "CPU_KWARGS",
+    "TAG_TOKENS",
+]
 
 EOS = "<|im_end|>"
 PAD = "<|endoftext|>"

@@ -86,7 +86,9 @@ STATE_FILE = "trl_grpo_ext_state.pt"
 class _Stage:
     """What the next TRL generation call applies: per-row context and completion prefixes, a cap, stop strings."""
 
-    def __init__(self, context_ids, prefix_ids, block, finished=None, max_new_tokens=None, stop=(), prefix_logprobs=None):
+    def __init__(
+        self, context_ids, prefix_ids, block, finished=None, max_new_tokens=None, stop=(), prefix_logprobs=None
+    ):
         self.context_ids, self.prefix_ids, self.block = context_ids, prefix_ids, block
         self.finished = finished or [False] * len(prefix_ids)
         self.max_new_tokens, self.stop, self.prefix_logprobs = max_new_tokens, list(stop), prefix_logprobs
@@ -132,6 +134,7 @@ class GRPOExtTrainer(GRPOTrainer):
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
         self.advantage_estimator = estimator
         self.last_batch: RolloutBatch | None = None
+        self.run_info: dict | None = None  # for the model card: trainer name, model, dataset, config as given
         self._plan: RolloutPlan | None = None  # the rows being scored, while TRL scores them
         self._rollout: Rollout | None = None  # their generation record, from `_generate` on
         self._scores: tuple | None = None  # their gathered (N, F) rewards, and the prompts and completions scored
@@ -165,7 +168,9 @@ class GRPOExtTrainer(GRPOTrainer):
         for extension in self.extensions:
             if extension.name == name:
                 return extension
-        raise KeyError(f"this trainer has no {name!r} extension; it has: {[e.name for e in self.extensions] or 'none'}.")
+        raise KeyError(
+            f"this trainer has no {name!r} extension; it has: {[e.name for e in self.extensions] or 'none'}."
+        )
 
     def add_extension(self, extension: Extension) -> Extension:
         """Switch an extension on after construction (before training)."""
@@ -324,7 +329,9 @@ class GRPOExtTrainer(GRPOTrainer):
             tool_mask = [mask + [1] * len(ids) for mask, ids in zip(masks, generated, strict=True)]
             if self.tools:
                 loop_prompts = [list(p) + h for p, h in zip(prompts, history, strict=True)]
-                left = tool_iterations if tool_iterations is not None else self.max_tool_calling_iterations - min(turns)
+                left = (
+                    tool_iterations if tool_iterations is not None else self.max_tool_calling_iterations - min(turns)
+                )
                 with _attribute(self, "max_tool_calling_iterations", max(0, left)):
                     tool_mask, completions, completion_ids, logprobs, *_ = super()._tool_call_loop(
                         loop_prompts, prompt_ids, completion_ids, completions, logprobs, None, {}
@@ -351,7 +358,9 @@ class GRPOExtTrainer(GRPOTrainer):
         with torch.no_grad(), profiling_context(self, "token_entropies"):
             for start in range(0, len(prompt_ids), size):
                 prompts = [torch.tensor(p, dtype=torch.long) for p in prompt_ids[start : start + size]]
-                completions = [torch.tensor(c or [pad], dtype=torch.long) for c in completion_ids[start : start + size]]
+                completions = [
+                    torch.tensor(c or [pad], dtype=torch.long) for c in completion_ids[start : start + size]
+                ]
                 p_len, c_len = max(len(p) for p in prompts), max(len(c) for c in completions)
                 input_ids = torch.full((len(prompts), p_len + c_len), pad, dtype=torch.long)
                 attention = torch.zeros_like(input_ids)
@@ -420,7 +429,9 @@ class GRPOExtTrainer(GRPOTrainer):
             moved = torch.where(theirs >= 0, where[theirs.clamp(min=0)], theirs)
             if bool(((theirs >= 0) & (moved < 0))[sources].any()):
                 raise ValueError("splice_rows: a replacing row shares tokens with a row that is not spliced in.")
-            batch.owners = _splice_one(_owners(batch).cpu(), moved, targets, sources, -1, width).to(out["completion_ids"].device)
+            batch.owners = _splice_one(_owners(batch).cpu(), moved, targets, sources, -1, width).to(
+                out["completion_ids"].device
+            )
         for name, fill in (("loss_advantages", 0.0), ("loss_weights", 1.0), ("segment_ids", -1)):
             mine, theirs = getattr(batch, name), getattr(extra, name)
             if mine is None and theirs is None:
@@ -444,10 +455,29 @@ class GRPOExtTrainer(GRPOTrainer):
         batch.rewards = self._total_rewards(batch.rewards_per_func)
         batch.completion_ids, batch.completion_mask = out["completion_ids"], out["completion_mask"]
         batch.tool_mask, batch.advantages = out.get("tool_mask"), out["advantages"]
-        batch.old_per_token_logps, batch.ref_per_token_logps = out.get("old_per_token_logps"), out.get("ref_per_token_logps")
+        batch.old_per_token_logps, batch.ref_per_token_logps = (
+            out.get("old_per_token_logps"),
+            out.get("ref_per_token_logps"),
+        )
         batch.rollout = None  # the generation record no longer describes these rows
         batch._output = out
         return batch
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None):
+        """Write the run record and the model card (TRL's, with our methods, configuration and metrics) into
+        `output_dir`. `push_to_hub` calls it before uploading; `run_info` (set by the command line) adds the
+        `--trainer` name, the model and dataset as given, and the settings as a recipe."""
+        from . import hub
+
+        if not self.is_world_process_zero():
+            return
+        info = dict(self.run_info or {})
+        record = hub.run_record(self, model=info.get("model"), dataset=info.get("dataset") or dataset_name,
+                                config=info.get("config"))  # fmt: skip
+        record["trainer"] = info.get("trainer")
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        repo_id = self.hub_model_id if getattr(self, "hub_model_id", None) else None
+        hub.write_run(record, self.args.output_dir, tags=[*self._tag_names, *tags], repo_id=repo_id)
 
     # ------------------------------------------------------------------ seams
     def _generate_and_score_completions(self, inputs):
@@ -873,4 +903,3 @@ def _disable_bnb_cpu_weight_repacking(model) -> None:
     for module in model.modules():
         if isinstance(module, Linear4bit):
             module.support_avx512bf16_for_cpu = False
-

@@ -24,7 +24,9 @@ class CurriculumGRPOTrainer(GRPOExtTrainer):
     def __init__(self, model, reward_funcs=None, args: GRPOExtConfig | None = None, *pos, **kwargs):
         args = args if args is not None else GRPOExtConfig(output_dir="Curriculum-GRPO")
         if not isinstance(args, GRPOExtConfig):
-            raise TypeError(f"CurriculumGRPOTrainer needs a GRPOExtConfig for its budget fields, got {type(args).__name__}.")
+            raise TypeError(
+                f"CurriculumGRPOTrainer needs a GRPOExtConfig for its budget fields, got {type(args).__name__}."
+            )
         if args.budget_start is None:
             args.budget_start = 256
             check_schedule(start=args.budget_start, end=args.budget_end, num_decays=args.budget_decays,

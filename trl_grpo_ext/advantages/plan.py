@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 
-
 def plan_values(outcomes: torch.Tensor, plan_ids: torch.Tensor) -> torch.Tensor:
     """For each row, the mean outcome of the rows that share its plan: r_plan(j) = (1/z)·Σ_k 1[answer_{j,k} correct].
 
@@ -19,7 +18,9 @@ def plan_values(outcomes: torch.Tensor, plan_ids: torch.Tensor) -> torch.Tensor:
     tensor([0.6667, 0.6667, 0.6667, 0.0000, 0.0000, 0.0000])
     """
     if outcomes.shape != plan_ids.shape or outcomes.dim() != 1:
-        raise ValueError(f"outcomes {tuple(outcomes.shape)} and plan_ids {tuple(plan_ids.shape)} must be equal 1-D shapes.")
+        raise ValueError(
+            f"outcomes {tuple(outcomes.shape)} and plan_ids {tuple(plan_ids.shape)} must be equal 1-D shapes."
+        )
     _, inverse = torch.unique(plan_ids, return_inverse=True)  # (G,) plan index per row
     scored = ~torch.isnan(outcomes)
     num_plans = int(inverse.max()) + 1 if inverse.numel() else 0

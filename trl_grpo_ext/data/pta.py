@@ -24,7 +24,9 @@ def pta_sft_example(question: str, plan: str, reasoning: str, answer: str, syste
     for name, value in (("question", question), ("plan", plan), ("reasoning", reasoning), ("answer", answer)):
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"pta_sft_example: {name}={value!r} must be non-empty text.")
-    content = f"<{plan_tag}>{plan.strip()}</{plan_tag}><think>{reasoning.strip()}</think><answer>{answer.strip()}</answer>"
+    content = (
+        f"<{plan_tag}>{plan.strip()}</{plan_tag}><think>{reasoning.strip()}</think><answer>{answer.strip()}</answer>"
+    )
     prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
     return {"prompt": prompt, "completion": [{"role": "assistant", "content": content}]}
 

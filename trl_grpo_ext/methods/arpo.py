@@ -106,28 +106,28 @@ def entropy_delta(entropies, tool_mask, turn_starts: list[int], j: int, k: int, 
 class ARPOConfig:
     """Config section: ARPO's entropy-guided branching after tool results (arXiv 2507.19849).
 
-        > Parameters of ARPO branching (arXiv 2507.19849; reference code dongguanting/ARPO; `trl_grpo_ext.methods.arpo`)
+    > Parameters of ARPO branching (arXiv 2507.19849; reference code dongguanting/ARPO; `trl_grpo_ext.methods.arpo`)
 
-        arpo (`bool`, *optional*, defaults to `False`):
-            ARPO rollouts (needs `tools=`): of each group of M = `num_generations`, start `arpo_initial_rollouts`
-            full rollouts; after each tool result a trajectory branches by the entropy rule; branches may branch
-            again; free slots get fresh rollouts. Every row is a whole trajectory.
-        arpo_initial_rollouts (`int`, *optional*):
-            N; default M / 2 (the paper: 8 of 16).
-        arpo_beam_size (`int`, *optional*, defaults to `2`):
-            Z, the reference's beam size: at a tool result, up to Z − 1 branches, each drawn on its own (2: the parent
-            plus one branch).
-        arpo_max_depth (`int`, *optional*):
-            How many branchings deep a trajectory may be (default: no limit but the slots and the tool-call limit).
-        arpo_entropy_tokens (`int`, *optional*, defaults to `20`):
-            k, the tokens of a model turn whose entropy counts (the reference: 20).
-        arpo_entropy_top_k (`int`, *optional*, defaults to `10`):
-            Entropy from each token's top-k log-probs (the reference: 10); None for the full distribution.
-        arpo_entropy_delta (`str`, *optional*, defaults to `"reference"`):
-            `"reference"`: ΔH = (H of the turn that made the tool call − H of the first turn) / log V, summed over k
-            tokens; `"relative"`: the relative change of the mean entropy of the k tokens after the tool result.
-        arpo_alpha (`float`, *optional*, defaults to `0.5`) and arpo_beta (`float`, *optional*, defaults to `0.2`):
-            Branch when clip(u − β·ΔH, 0, 1) ≤ α, u ~ U(0, 1): with probability clip(α + β·ΔH, 0, 1).
+    arpo (`bool`, *optional*, defaults to `False`):
+        ARPO rollouts (needs `tools=`): of each group of M = `num_generations`, start `arpo_initial_rollouts`
+        full rollouts; after each tool result a trajectory branches by the entropy rule; branches may branch
+        again; free slots get fresh rollouts. Every row is a whole trajectory.
+    arpo_initial_rollouts (`int`, *optional*):
+        N; default M / 2 (the paper: 8 of 16).
+    arpo_beam_size (`int`, *optional*, defaults to `2`):
+        Z, the reference's beam size: at a tool result, up to Z − 1 branches, each drawn on its own (2: the parent
+        plus one branch).
+    arpo_max_depth (`int`, *optional*):
+        How many branchings deep a trajectory may be (default: no limit but the slots and the tool-call limit).
+    arpo_entropy_tokens (`int`, *optional*, defaults to `20`):
+        k, the tokens of a model turn whose entropy counts (the reference: 20).
+    arpo_entropy_top_k (`int`, *optional*, defaults to `10`):
+        Entropy from each token's top-k log-probs (the reference: 10); None for the full distribution.
+    arpo_entropy_delta (`str`, *optional*, defaults to `"reference"`):
+        `"reference"`: ΔH = (H of the turn that made the tool call − H of the first turn) / log V, summed over k
+        tokens; `"relative"`: the relative change of the mean entropy of the k tokens after the tool result.
+    arpo_alpha (`float`, *optional*, defaults to `0.5`) and arpo_beta (`float`, *optional*, defaults to `0.2`):
+        Branch when clip(u − β·ΔH, 0, 1) ≤ α, u ~ U(0, 1): with probability clip(α + β·ΔH, 0, 1).
     """
 
     arpo: bool = field(default=False, metadata={"help": "ARPO entropy-guided branching after tool results."})
@@ -142,7 +142,8 @@ class ARPOConfig:
     )
     arpo_entropy_tokens: int = field(default=20, metadata={"help": "ARPO: k, tokens of a turn whose entropy counts."})
     arpo_entropy_top_k: int | None = field(
-        default=10, metadata={"help": "ARPO: entropy from the top-k log-probs of each token (reference: 10; None: all)."}
+        default=10,
+        metadata={"help": "ARPO: entropy from the top-k log-probs of each token (reference: 10; None: all)."},
     )
     arpo_entropy_delta: str = field(
         default="reference",
@@ -165,7 +166,9 @@ class ARPOConfig:
                 "group are the slots that branches fill (the paper: 8 of 16)."
             )
         if self.arpo_beam_size < 2:
-            raise ValueError(f"arpo_beam_size={self.arpo_beam_size} never branches; use 2 (the parent plus one branch).")
+            raise ValueError(
+                f"arpo_beam_size={self.arpo_beam_size} never branches; use 2 (the parent plus one branch)."
+            )
         for name in ("arpo_entropy_tokens", "arpo_entropy_top_k", "arpo_max_depth"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -205,7 +208,9 @@ class ARPO(Extension):
 
     def check(self, inputs: TrainerInputs) -> None:
         if not inputs.tools:
-            raise ValueError("arpo=True branches after tool results: pass tools=[...] to the trainer, or set arpo=False.")
+            raise ValueError(
+                "arpo=True branches after tool results: pass tools=[...] to the trainer, or set arpo=False."
+            )
         if inputs.environment_factory is not None:
             raise ValueError(
                 "arpo=True with environment_factory: a branch would need a copy of its parent's environment state; use "

@@ -29,7 +29,9 @@ FIELD = "{budget}"
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
-def check_schedule(*, start: int, end: int, num_decays: int, total_steps: int | None = None, schedule: str = "exponential"):
+def check_schedule(
+    *, start: int, end: int, num_decays: int, total_steps: int | None = None, schedule: str = "exponential"
+):
     """Raise a ValueError naming the field, the value and the fix if the schedule is not usable."""
     if schedule not in SCHEDULES:
         raise ValueError(f"budget_schedule={schedule!r} is not one of {SCHEDULES}.")
@@ -51,7 +53,9 @@ def check_schedule(*, start: int, end: int, num_decays: int, total_steps: int | 
         )
 
 
-def budget_at(step: int, *, start: int, end: int, num_decays: int, total_steps: int, schedule: str = "exponential") -> int:
+def budget_at(
+    step: int, *, start: int, end: int, num_decays: int, total_steps: int, schedule: str = "exponential"
+) -> int:
     """The token budget at `step`: B = round(start · d^k), k = min(floor(step / I), num_decays).
 
     I = total_steps / (num_decays + 1) and d = (end / start)^(1 / num_decays) (arXiv 2508.08940, §3: B(t) =
@@ -154,27 +158,27 @@ register_reward("budget_length", BudgetLengthReward, factory=True)
 class CurriculumConfig:
     """Config section: Curriculum GRPO's token budget ("Train Long, Think Short", arXiv 2508.08940).
 
-        > Parameters of Curriculum GRPO (token budget; arXiv 2508.08940; `trl_grpo_ext.methods.curriculum`)
+    > Parameters of Curriculum GRPO (token budget; arXiv 2508.08940; `trl_grpo_ext.methods.curriculum`)
 
-        budget_start (`int`, *optional*):
-            Token budget at the start of training. Setting it switches the curriculum on (`TokenBudgetCurriculum`):
-            `{budget}` in prompts is replaced by the current budget, reward functions get a `budget` column, and
-            `curriculum/budget` is logged. Something must act on it (a reward that reads `budget`, `{budget}` in the
-            prompts, or `budget_caps_generation`), or the trainer raises before the model loads. The paper: 256.
-        budget_end (`int`, *optional*, defaults to `87`):
-            Token budget after the last decay. The paper: 87.
-        budget_decays (`int`, *optional*, defaults to `3`):
-            Number of drops, at equal intervals of `total_steps / (budget_decays + 1)`. The paper: 3.
-        budget_schedule (`str`, *optional*, defaults to `"exponential"`):
-            `"exponential"` (B = start · d^k, the paper's) or `"linear"` (equal drops).
-        budget_total_steps (`int`, *optional*):
-            Steps the schedule spans; default: the run's `max_steps`.
-        budget_caps_generation (`bool`, *optional*, defaults to `False`):
-            Also cap generation at the budget (`max_completion_length` for transformers and vLLM).
-        budget_length_shape (`str`, *optional*, defaults to `"triangular"`):
-            Length reward of `CurriculumGRPOTrainer`: `"triangular"` (the paper's best) or `"band"`.
-        budget_length_count (`str`, *optional*, defaults to `"completion"`):
-            What the length reward counts: the whole completion, or only the `<think>` span (the paper is ambiguous).
+    budget_start (`int`, *optional*):
+        Token budget at the start of training. Setting it switches the curriculum on (`TokenBudgetCurriculum`):
+        `{budget}` in prompts is replaced by the current budget, reward functions get a `budget` column, and
+        `curriculum/budget` is logged. Something must act on it (a reward that reads `budget`, `{budget}` in the
+        prompts, or `budget_caps_generation`), or the trainer raises before the model loads. The paper: 256.
+    budget_end (`int`, *optional*, defaults to `87`):
+        Token budget after the last decay. The paper: 87.
+    budget_decays (`int`, *optional*, defaults to `3`):
+        Number of drops, at equal intervals of `total_steps / (budget_decays + 1)`. The paper: 3.
+    budget_schedule (`str`, *optional*, defaults to `"exponential"`):
+        `"exponential"` (B = start · d^k, the paper's) or `"linear"` (equal drops).
+    budget_total_steps (`int`, *optional*):
+        Steps the schedule spans; default: the run's `max_steps`.
+    budget_caps_generation (`bool`, *optional*, defaults to `False`):
+        Also cap generation at the budget (`max_completion_length` for transformers and vLLM).
+    budget_length_shape (`str`, *optional*, defaults to `"triangular"`):
+        Length reward of `CurriculumGRPOTrainer`: `"triangular"` (the paper's best) or `"band"`.
+    budget_length_count (`str`, *optional*, defaults to `"completion"`):
+        What the length reward counts: the whole completion, or only the `<think>` span (the paper is ambiguous).
     """
 
     budget_start: int | None = field(
@@ -251,7 +255,11 @@ class TokenBudgetCurriculum(Extension, TrainerCallback):
         if self.cap_generation or any(_reads_budget(f) for f in inputs.reward_funcs or []):
             return
         dataset = inputs.train_dataset
-        if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and "prompt" in getattr(dataset, "column_names", []):
+        if (
+            hasattr(dataset, "__len__")
+            and hasattr(dataset, "__getitem__")
+            and "prompt" in getattr(dataset, "column_names", [])
+        ):
             self._in_prompts = any(FIELD in _text(dataset[i]["prompt"]) for i in range(min(len(dataset), 64)))
             if not self._in_prompts:
                 raise ValueError(_NOTHING_USES_IT.format(start=self.budget_start))
@@ -322,7 +330,9 @@ def _fill_message(message: dict, value: str) -> dict:
     if isinstance(content, str):
         return {**message, "content": content.replace(FIELD, value)}
     if isinstance(content, list):
-        parts = [{**p, "text": p["text"].replace(FIELD, value)} if isinstance(p.get("text"), str) else p for p in content]
+        parts = [
+            {**p, "text": p["text"].replace(FIELD, value)} if isinstance(p.get("text"), str) else p for p in content
+        ]
         return {**message, "content": parts}
     return message
 

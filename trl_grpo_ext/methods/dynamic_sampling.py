@@ -43,20 +43,20 @@ def varied_groups(values: torch.Tensor, num_generations: int, tol: float = 1e-6)
 class DynamicSamplingConfig:
     """Config section: DAPO's dynamic sampling (arXiv 2503.14476; used by ProRL).
 
-        > Parameters of dynamic sampling (DAPO, arXiv 2503.14476; `trl_grpo_ext.methods.dynamic_sampling`)
+    > Parameters of dynamic sampling (DAPO, arXiv 2503.14476; `trl_grpo_ext.methods.dynamic_sampling`)
 
-        dynamic_sampling (`bool`, *optional*, defaults to `False`):
-            Drop from the loss the groups whose outcomes all agree (zero variance: zero advantage, no signal); the loss
-            is then normalised over the kept rows, for every `loss_type`. Logs `dynamic_sampling/kept_fraction`. TRL
-            has no such option (huggingface/trl#3708).
-        dynamic_sampling_max_rounds (`int`, *optional*, defaults to `0`):
-            Before dropping, refill the batch: up to this many extra generation rounds on fresh prompts drawn from
-            the training set, replacing zero-variance groups with varied ones. 0 only drops. When the rounds run out,
-            the rest is dropped with a warning. Needs whole groups on each process.
-        dynamic_sampling_reward (`str`, *optional*):
-            The reward whose values must vary within a group: its logged name (`accuracy_reward`), or `"total"` for
-            the weighted sum. Default: the correctness reward when one is present (as DAPO and ProRL filter on
-            accuracy), else the total.
+    dynamic_sampling (`bool`, *optional*, defaults to `False`):
+        Drop from the loss the groups whose outcomes all agree (zero variance: zero advantage, no signal); the loss
+        is then normalised over the kept rows, for every `loss_type`. Logs `dynamic_sampling/kept_fraction`. TRL
+        has no such option (huggingface/trl#3708).
+    dynamic_sampling_max_rounds (`int`, *optional*, defaults to `0`):
+        Before dropping, refill the batch: up to this many extra generation rounds on fresh prompts drawn from
+        the training set, replacing zero-variance groups with varied ones. 0 only drops. When the rounds run out,
+        the rest is dropped with a warning. Needs whole groups on each process.
+    dynamic_sampling_reward (`str`, *optional*):
+        The reward whose values must vary within a group: its logged name (`accuracy_reward`), or `"total"` for
+        the weighted sum. Default: the correctness reward when one is present (as DAPO and ProRL filter on
+        accuracy), else the total.
     """
 
     dynamic_sampling: bool = field(
@@ -155,7 +155,9 @@ class DynamicSampling(Extension):
             fresh = self._varied_rows(extra)
             dropped = [g for g in range(keep.numel() // group) if not keep[g * group]]
             usable = [g for g in range(need) if fresh[g * group]]
-            replace = {d * group + j: u * group + j for d, u in zip(dropped, usable) for j in range(group)}
+            replace = {
+                d * group + j: u * group + j for d, u in zip(dropped, usable, strict=False) for j in range(group)
+            }
             batch = trainer.splice_rows(batch, extra, replace)
             keep[list(replace)] = True
         remaining = int(trainer.accelerator.gather((~keep).sum().reshape(1)).sum().item()) // group

@@ -19,14 +19,14 @@ from ..rollout import RolloutPlan
 class PrefixColumnsConfig:
     """Config section: generation from per-row prefixes held in dataset columns.
 
-        > Parameters that control generation from per-row prefixes (`trl_grpo_ext.methods.prefixes`)
+    > Parameters that control generation from per-row prefixes (`trl_grpo_ext.methods.prefixes`)
 
-        context_prefix_column (`str`, *optional*):
-            Dataset column holding text appended to each prompt before generation as context: the policy generates
-            after it, and it is not trained (a teacher's prefix, a draft to refine).
-        completion_prefix_column (`str`, *optional*):
-            Dataset column holding text that starts each completion: the policy continues it, and it is trained as
-            part of the completion (segment 0; the generated continuation is segment 1).
+    context_prefix_column (`str`, *optional*):
+        Dataset column holding text appended to each prompt before generation as context: the policy generates
+        after it, and it is not trained (a teacher's prefix, a draft to refine).
+    completion_prefix_column (`str`, *optional*):
+        Dataset column holding text that starts each completion: the policy continues it, and it is trained as
+        part of the completion (segment 0; the generated continuation is segment 1).
     """
 
     context_prefix_column: str | None = field(

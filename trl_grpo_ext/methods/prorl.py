@@ -95,7 +95,9 @@ class ProRLResetCallback(Extension, TrainerCallback):
                 "beta > 0 (a small KL penalty, e.g. 1e-4), or reset='optimizer'."
             )
         if self.kl_threshold is not None and beta == 0.0:
-            raise ValueError("ProRLResetCallback(kl_threshold=...) watches the KL, which is logged only when beta > 0.")
+            raise ValueError(
+                "ProRLResetCallback(kl_threshold=...) watches the KL, which is logged only when beta > 0."
+            )
         if self.patience is not None and str(getattr(args, "eval_strategy", "no")) in ("no", "IntervalStrategy.NO"):
             raise ValueError(
                 f"ProRLResetCallback(patience={self.patience}) watches {self.metric!r} at evaluations, but "

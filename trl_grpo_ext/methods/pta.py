@@ -22,25 +22,25 @@ from ..rollout import Rollout, RolloutPlan
 class PTAConfig:
     """Config section: PTA-GRPO's rollout tree (arXiv 2510.01833, §4: m = 3 plans, z = 3 continuations).
 
-        > Parameters of PTA-GRPO (plan, then act; arXiv 2510.01833; `trl_grpo_ext.methods.pta`)
+    > Parameters of PTA-GRPO (plan, then act; arXiv 2510.01833; `trl_grpo_ext.methods.pta`)
 
-        num_plans (`int`, *optional*):
-            m, plans generated per prompt (the paper: 3). Setting it (with `continuations_per_plan`) switches the
-            plan -> continuation rollout on; m · z must equal `num_generations`.
-        continuations_per_plan (`int`, *optional*):
-            z, continuations generated from each plan (the paper: 3). Each plan is generated once and held, token for
-            token, by its z rows.
-        plan_tag (`str`, *optional*, defaults to `"plan"`):
-            The plan is generated up to the closing `</plan_tag>`, whatever its number of tokens.
-        plan_max_tokens (`int`, *optional*):
-            Token cap of the plan stage (default: `max_completion_length`); plan and continuation together stay
-            within `max_completion_length`. A plan that does not close within it is kept whole as the plan, and
-            fails the format reward.
-        plan_value_normalize (`bool`, *optional*, defaults to `False`):
-            Standardise plan values across the m plans of a prompt (the paper does not say; off keeps r_plan in
-            [0, 1]).
-        pta_outcome_reward (`str`, *optional*, defaults to `"accuracy"`):
-            Registry name or import path of the correctness reward behind r_outcome and r_plan.
+    num_plans (`int`, *optional*):
+        m, plans generated per prompt (the paper: 3). Setting it (with `continuations_per_plan`) switches the
+        plan -> continuation rollout on; m · z must equal `num_generations`.
+    continuations_per_plan (`int`, *optional*):
+        z, continuations generated from each plan (the paper: 3). Each plan is generated once and held, token for
+        token, by its z rows.
+    plan_tag (`str`, *optional*, defaults to `"plan"`):
+        The plan is generated up to the closing `</plan_tag>`, whatever its number of tokens.
+    plan_max_tokens (`int`, *optional*):
+        Token cap of the plan stage (default: `max_completion_length`); plan and continuation together stay
+        within `max_completion_length`. A plan that does not close within it is kept whole as the plan, and
+        fails the format reward.
+    plan_value_normalize (`bool`, *optional*, defaults to `False`):
+        Standardise plan values across the m plans of a prompt (the paper does not say; off keeps r_plan in
+        [0, 1]).
+    pta_outcome_reward (`str`, *optional*, defaults to `"accuracy"`):
+        Registry name or import path of the correctness reward behind r_outcome and r_plan.
     """
 
     num_plans: int | None = field(default=None, metadata={"help": "PTA-GRPO: plans per prompt (m). Paper: 3."})
@@ -67,7 +67,9 @@ class PTAConfig:
             return
         for name, value in (("num_plans", m), ("continuations_per_plan", z)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a whole number >= 1 (the paper uses 3); set both or neither.")
+                raise ValueError(
+                    f"{name}={value!r} must be a whole number >= 1 (the paper uses 3); set both or neither."
+                )
         if m * z != self.num_generations:
             raise ValueError(
                 f"num_plans * continuations_per_plan ({m}*{z}={m * z}) must equal num_generations "
@@ -130,7 +132,9 @@ class PlanValueReward:
     def __call__(self, completions, **kwargs) -> list[float | None]:
         rollout = self.trainer.current_rollout if self.trainer is not None else None
         if rollout is None or len(rollout) != len(completions):
-            raise ValueError("plan_value scores the plans of the rollout being scored: use it in a trl_grpo_ext trainer.")
+            raise ValueError(
+                "plan_value scores the plans of the rollout being scored: use it in a trl_grpo_ext trainer."
+            )
         # The outcome reward already logged its extra columns when TRL called it; do not log them twice.
         kwargs = {k: v for k, v in kwargs.items() if k not in ("log_extra", "log_metric")}
         scores = self.outcome(completions=completions, **kwargs)

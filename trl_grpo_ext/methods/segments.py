@@ -245,7 +245,9 @@ def token_char_ends(rows: list[list[int]], tokenizer) -> tuple[list[str], list[l
     ends: list[list[int] | None] = [None] * len(rows)
     if getattr(tokenizer, "is_fast", False) and rows:
         encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-        for row, (ids, again, offsets) in enumerate(zip(rows, encoded["input_ids"], encoded["offset_mapping"])):
+        for row, (ids, again, offsets) in enumerate(
+            zip(rows, encoded["input_ids"], encoded["offset_mapping"], strict=False)
+        ):
             if list(again) == list(ids):
                 ends[row] = _running_max([end for _, end in offsets])
     for row, ids in enumerate(rows):
@@ -278,7 +280,7 @@ def _segments_from_text(
     texts, ends = token_char_ends([completion_ids[row, p].tolist() for row, p in enumerate(positions)], tokenizer)
     matched = False
     # Text work, one regex search per row; the token maths of each row is vectorised.
-    for row, (text, row_ends, row_positions) in enumerate(zip(texts, ends, positions)):
+    for row, (text, row_ends, row_positions) in enumerate(zip(texts, ends, positions, strict=False)):
         boundaries = [m.end() if at_match_end else m.start() for m in regex.finditer(text)]
         matched = matched or bool(boundaries)
         boundaries = torch.tensor([b for b in boundaries if 0 < b < len(text)], dtype=torch.long)  # (n,)
@@ -471,20 +473,20 @@ SEGMENT_ADVANTAGES = ("soft", "hard", "reward")
 class SegmentsConfig:
     """Config section: segment-level advantages (GPG, arXiv 2512.10365; ARPO, arXiv 2507.19849).
 
-        > Parameters of segment-level advantages (GPG, arXiv 2512.10365; `trl_grpo_ext.methods.segments`)
+    > Parameters of segment-level advantages (GPG, arXiv 2512.10365; `trl_grpo_ext.methods.segments`)
 
-        segment_by (`str`, *optional*):
-            How completions are cut into segments: `"tool_calls"` (at TRL's tool-result boundaries), `"tags"`,
-            `"paragraphs"` or `"regex:<pattern>"`. Setting it switches segment credit on.
-        segment_advantage (`str`, *optional*, defaults to `"soft"`):
-            `"soft"`: GRPO over full trajectories; `"hard"`: every copy of a token shared by several trajectories
-            (ARPO branches) gets the mean advantage of all of them; `"reward"`: outcome advantage + λ · normalised
-            segment reward.
-        segment_reward_funcs (`list[str]`, *optional*):
-            Segment rewards (registry names or import paths) for `"reward"`: each returns, per completion, one score
-            per trainable segment (e.g. `"tool_call_validity"`).
-        segment_reward_lambda (`float`, *optional*, defaults to `1.0`):
-            λ, the weight of the normalised segment reward.
+    segment_by (`str`, *optional*):
+        How completions are cut into segments: `"tool_calls"` (at TRL's tool-result boundaries), `"tags"`,
+        `"paragraphs"` or `"regex:<pattern>"`. Setting it switches segment credit on.
+    segment_advantage (`str`, *optional*, defaults to `"soft"`):
+        `"soft"`: GRPO over full trajectories; `"hard"`: every copy of a token shared by several trajectories
+        (ARPO branches) gets the mean advantage of all of them; `"reward"`: outcome advantage + λ · normalised
+        segment reward.
+    segment_reward_funcs (`list[str]`, *optional*):
+        Segment rewards (registry names or import paths) for `"reward"`: each returns, per completion, one score
+        per trainable segment (e.g. `"tool_call_validity"`).
+    segment_reward_lambda (`float`, *optional*, defaults to `1.0`):
+        λ, the weight of the normalised segment reward.
     """
 
     segment_by: str | None = field(
@@ -543,7 +545,9 @@ class Segments(Extension):
                                 tool_mask=batch.tool_mask, tokenizer=self.trainer.tokenizer)  # fmt: skip
         self.log("per_completion", (segments.amax(dim=1) + 1).float().mean().item())
         if self.mode == "hard":
-            batch.set_advantages(tree_token_advantages(batch.advantages, batch.node_ids), source="segment_advantage='hard'")
+            batch.set_advantages(
+                tree_token_advantages(batch.advantages, batch.node_ids), source="segment_advantage='hard'"
+            )
         elif self.mode == "reward":
             scores = self._segment_scores(batch, segments)
             advantages = segment_reward_advantages(batch.current_advantages, scores, segments, batch.num_generations,
@@ -555,13 +559,17 @@ class Segments(Extension):
         model_tokens = batch.loss_mask.bool()
         width = int(segments.max().item()) + 1
         scores = torch.full((segments.size(0), width), float("nan"))
-        completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(batch.completion_ids, batch.completion_mask)]
+        completion_ids = [
+            ids[mask.bool()].tolist() for ids, mask in zip(batch.completion_ids, batch.completion_mask, strict=False)
+        ]
         for reward in self.segment_rewards:
             name = getattr(reward, "__name__", repr(reward))
             out = reward(prompts=batch.prompts, completions=batch.completions, completion_ids=completion_ids,
                          **batch.columns)  # fmt: skip
             if len(out) != segments.size(0):
-                raise ValueError(f"segment reward {name!r} returned {len(out)} lists for {segments.size(0)} completions.")
+                raise ValueError(
+                    f"segment reward {name!r} returned {len(out)} lists for {segments.size(0)} completions."
+                )
             for row, row_scores in enumerate(out):
                 trainable = torch.unique(segments[row][model_tokens[row]]).tolist()
                 if row_scores is None:

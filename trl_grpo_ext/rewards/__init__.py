@@ -102,7 +102,7 @@ def resolve_reward(item):
     if isinstance(item, dict):
         if len(item) != 1:
             raise ValueError(f"reward {item!r}: a mapping names one reward, {{name: {{parameter: value}}}}.")
-        (name, params), = item.items()
+        ((name, params),) = item.items()
         item = get_reward(name, **(params or {}))
     elif isinstance(item, str) and ":" in item and not os.path.isdir(item):
         name, params = parse_reward_spec(item)

@@ -58,7 +58,7 @@ def tag_format_reward(tags: Sequence[str] | str = ("think", "answer"), partial: 
     def score(text: str) -> float:
         once = [text.count(f"<{t}>") == 1 and text.count(f"</{t}>") == 1 for t in tags]
         if partial:
-            ok = [o and text.index(f"<{t}>") < text.index(f"</{t}>") for o, t in zip(once, tags)]
+            ok = [o and text.index(f"<{t}>") < text.index(f"</{t}>") for o, t in zip(once, tags, strict=False)]
             return sum(ok) / len(tags)
         return 1.0 if all(once) and whole.match(text) else 0.0
 
