@@ -126,3 +126,18 @@ def test_bad_estimator_shape_is_a_clear_error(tiny_model_path, tokenizer, tmp_pa
         match=r"'bad_shape_estimator' returned advantages of shape \(3, 2\); expected a tensor of shape \(4,\)",
     ):
         trainer._generate_and_score_completions(_generation_batch(trainer))
+
+
+def scaled(batch, factor=1.0):
+    return batch.advantages * factor
+
+
+def test_a_partial_estimator_pickles_with_the_config(tiny_model_path, tokenizer, tmp_path):
+    import functools
+    import pickle
+
+    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, functools.partial(scaled, factor=2.0))
+    assert isinstance(pickle.loads(pickle.dumps(trainer.args)).advantage_estimator, functools.partial)
+    trainer.model.train()
+    out = trainer._generate_and_score_completions(_generation_batch(trainer))
+    assert torch.allclose(out["advantages"], 2 * trainer.last_batch.advantages)

@@ -237,7 +237,7 @@ def train(argv: list[str]) -> Path:
                               eval_dataset=eval_dataset, processing_class=processing_class, tools=tools,
                               peft_config=get_peft_config(model_args),
                               quantization_config=get_quantization_config(model_args))  # fmt: skip
-    except ValueError as exc:  # the extensions' checks, before the model loads
+    except (ValueError, TypeError, NotImplementedError) as exc:  # the extensions' checks, before the model loads
         raise CLIError(_one_line(exc)) from exc
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     out = Path(args.output_dir).resolve()

@@ -68,15 +68,15 @@ def load_run(output_dir) -> dict:
     return json.loads(path.read_text())
 
 
-def write_run(record: dict, output_dir, tags=(), repo_id: str | None = None) -> None:
+def write_run(record: dict, output_dir, tags=(), repo_id: str | None = None, title: str | None = None) -> None:
     """Write the run record and its model card into `output_dir`."""
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RUN_FILE).write_text(json.dumps(record, indent=2))
-    model_card(record, repo_id=repo_id, tags=tags).save(folder / "README.md")
+    model_card(record, repo_id=repo_id, tags=tags, title=title).save(folder / "README.md")
 
 
-def model_card(record: dict, repo_id: str | None = None, tags=()):
+def model_card(record: dict, repo_id: str | None = None, tags=(), title: str | None = None):
     """TRL's model card for a run record, followed by the methods and papers, usage, configuration and metrics.
 
     `repo_id` is where the card is pushed to; without it, the card describes the local output directory.
@@ -86,7 +86,7 @@ def model_card(record: dict, repo_id: str | None = None, tags=()):
 
     base = _hub_id(record["model"])
     dataset = _hub_id(record["dataset"])
-    title = repo_id.split("/")[-1] if repo_id else Path(record["output_dir"]).name
+    title = title or (repo_id.split("/")[-1] if repo_id else Path(record["output_dir"]).name)
     methods = [k for k in record["methods"] if k != "grpo"]
     card = generate_model_card(
         base_model=base, model_name=title, hub_model_id=repo_id or record["output_dir"], dataset_name=dataset,

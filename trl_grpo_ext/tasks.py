@@ -1,0 +1,140 @@
+"""The built-in task: single-digit addition, its rewards and its held-out evaluation.
+
+"What is 7 + 5? Answer with just the number." A small real model (SmolLM2-135M-Instruct) answers some of these right
+before training and learns the rest within a few minutes of GRPO on a CPU, so the main job (`trl-grpo-ext train`),
+the real-model tests and `benchmarks/learning.py` can show learning, not just running. The 100 problems a + b with
+a, b in 0..9 are split once, by a fixed seed, into 60 held-out problems (never trained on) and 40 training problems.
+
+>>> [row["solution"] for row in addition_dataset("heldout")][:3]
+['5', '8', '2']
+>>> last_integer_reward(completions=["7 + 5 = 12", "It is 13."], solution=["12", "12"])
+[1.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from .rewards import completion_text, register_reward
+
+QUESTION = "What is {a} + {b}? Answer with just the number."
+HELDOUT_SIZE = 60
+_INTEGER = re.compile(r"-?\d+")
+
+
+def addition_problems(split: str) -> list[tuple[int, int]]:
+    """The (a, b) pairs of a split: `"heldout"` (60 fixed problems) or `"train"` (the other 40)."""
+    pairs = [(a, b) for a in range(10) for b in range(10)]
+    random.Random(0).shuffle(pairs)
+    if split == "heldout":
+        return pairs[:HELDOUT_SIZE]
+    if split == "train":
+        return pairs[HELDOUT_SIZE:]
+    raise ValueError(f"split={split!r} is not 'train' or 'heldout'.")
+
+
+def addition_dataset(split: str = "train", repeats: int = 1, system: str | None = None) -> Dataset:
+    """TRL's conversational prompt format: `prompt` (one user message) and `solution` (the sum, as text)."""
+    prompts, solutions = [], []
+    for _ in range(repeats):
+        for a, b in addition_problems(split):
+            messages = [{"role": "user", "content": QUESTION.format(a=a, b=b)}]
+            prompts.append(([{"role": "system", "content": system}] if system else []) + messages)
+            solutions.append(str(a + b))
+    return Dataset.from_dict({"prompt": prompts, "solution": solutions})
+
+
+def last_integer(text: str) -> int | None:
+    """The last integer in a text, or None."""
+    found = _INTEGER.findall(text)
+    return int(found[-1]) if found else None
+
+
+def last_integer_reward(completions, solution, **kwargs) -> list[float]:
+    """1.0 when the last integer of the completion is the `solution`, else 0.0 (the task's correctness reward)."""
+    return [
+        1.0 if last_integer(completion_text(c)) == int(s) else 0.0 for c, s in zip(completions, solution, strict=True)
+    ]
+
+
+last_integer_reward.correctness = True  # dynamic sampling filters on it
+
+
+def brevity_reward(max_tokens: int = 24):
+    """Build a reward for short answers: 1 − min(l, max_tokens) / max_tokens, l the completion's length in tokens."""
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"brevity: max_tokens={max_tokens!r} must be a whole number >= 1.")
+
+    def brevity(completion_ids, **kwargs) -> list[float]:
+        return [1.0 - min(len(ids), max_tokens) / max_tokens for ids in completion_ids]
+
+    brevity.__name__ = "brevity"
+    return brevity
+
+
+register_reward("last_integer", last_integer_reward)
+register_reward("brevity", brevity_reward, factory=True)
+TASK_REWARDS = ["last_integer", "brevity"]
+TASK_REWARD_WEIGHTS = [1.0, 0.5]
+
+
+@torch.no_grad()
+def heldout_accuracy(model, tokenizer, problems: list[tuple[int, int]] | None = None, max_new_tokens: int = 24,
+                     batch_size: int = 64) -> float:  # fmt: skip
+    """Greedy accuracy on the held-out problems: the share whose reply's last integer is the sum."""
+    problems = problems or addition_problems("heldout")
+    was_training = model.training
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    right = 0
+    try:
+        for start in range(0, len(problems), batch_size):
+            chunk = problems[start : start + batch_size]
+            texts = [tokenizer.apply_chat_template([{"role": "user", "content": QUESTION.format(a=a, b=b)}],
+                                                   tokenize=False, add_generation_prompt=True) for a, b in chunk]  # fmt: skip
+            inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            replies = tokenizer.batch_decode(out[:, inputs["input_ids"].size(1) :], skip_special_tokens=True)
+            right += sum(last_integer(r) == a + b for r, (a, b) in zip(replies, chunk, strict=True))
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return right / len(problems)
+
+
+class HeldoutAccuracy(TrainerCallback):
+    """Logs `heldout/accuracy` (greedy, on the held-out problems) at the start, every `every` steps and at the end."""
+
+    def __init__(self, every: int | None = None, max_new_tokens: int = 24):
+        self.every, self.max_new_tokens = every, max_new_tokens
+        self.trainer = None
+        self.history: list[tuple[int, float]] = []  # (step, accuracy)
+
+    def attach(self, trainer) -> HeldoutAccuracy:
+        self.trainer = trainer
+        return self
+
+    def measure(self, step: int) -> float:
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        accuracy = heldout_accuracy(model, self.trainer.processing_class, max_new_tokens=self.max_new_tokens)
+        self.history.append((step, accuracy))
+        self.trainer.log_metric("heldout/accuracy", accuracy)
+        return accuracy
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.history:
+            self.measure(state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.every and state.global_step % self.every == 0 and state.global_step < state.max_steps:
+            self.measure(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.measure(state.global_step)
