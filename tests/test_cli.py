@@ -5,7 +5,7 @@ from trl_grpo_ext.cli import main
 
 def test_quickstart_trains_offline_and_says_where(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["train", "--max_steps", "2", "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
+    argv = ["train", "--tiny", "--max_steps", "2", "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "Trained 2 steps;" in printed and str(out.resolve()) in printed
@@ -16,10 +16,10 @@ def test_quickstart_trains_offline_and_says_where(tmp_path, capsys):
 def test_yaml_config(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
-        f"output_dir: {tmp_path / 'yaml-run'}\nmax_steps: 1\nreward_funcs: [contains_solution, tag_format]\n"
+        f"tiny: true\noutput_dir: {tmp_path / 'yaml-run'}\nmax_steps: 1\nreward_funcs: [contains_solution, tag_format]\n"
         f"cache_dir: {tmp_path / 'cache'}\n"
     )
-    assert main(["train", "--config", str(recipe)]) == 0
+    assert main(["train", "--config", str(recipe), "--max_steps", "1"]) == 0  # --tiny's sizes beat the file's
     assert "Trained 1 steps" in capsys.readouterr().out
 
 
@@ -74,6 +74,7 @@ def test_yaml_recipe_with_trainer_reward_parameters_and_lora(tmp_path, tiny_cach
         yaml.safe_dump(
             {
                 "trainer": "curriculum",
+                "tiny": True,
                 "reward_funcs": [
                     "tag_format:tags=think,answer,partial=true",
                     "budget_length:shape=band,width=0.3",
@@ -116,7 +117,7 @@ def test_dataset_mixture_from_yaml_and_4bit_lora(tmp_path, tiny_cache_dir, capsy
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"datasets:\n  - path: json\n    data_files: {data}\nreward_funcs: [contains_solution]\n")
     out = tmp_path / "run"
-    argv = ["train", "--config", str(recipe), "--use_peft", "--load_in_4bit", "--max_steps", "1",
+    argv = ["train", "--config", str(recipe), "--model_name_or_path", "tiny", "--use_peft", "--load_in_4bit", "--max_steps", "1",
             "--output_dir", str(out), "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
     assert main(argv) == 0
     assert "Trained 1 steps" in capsys.readouterr().out
@@ -134,17 +135,17 @@ def test_reward_parameters_as_a_yaml_mapping(tmp_path, tiny_cache_dir, capsys):
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
-        f"output_dir: {tmp_path / 'run'}\nmax_steps: 1\ncache_dir: {tiny_cache_dir}\n"
+        f"tiny: true\noutput_dir: {tmp_path / 'run'}\nmax_steps: 1\ncache_dir: {tiny_cache_dir}\n"
         "reward_funcs:\n  - tag_format: {tags: [think, answer], partial: true}\n  - contains_solution\n"
     )
-    assert main(["train", "--config", str(recipe)]) == 0
+    assert main(["train", "--config", str(recipe), "--max_steps", "1"]) == 0
     record = json.loads((tmp_path / "run" / "trl_grpo_ext_run.json").read_text())
     assert record["reward_funcs"] == ["tag_format_think_answer", "contains_solution_reward"]
 
 
 def test_named_trainer_alone_is_a_working_run(tmp_path, tiny_cache_dir, capsys):
     # `--trainer segment` needs nothing more: segments by tool calls, with the built-in calculator tool.
-    argv = ["train", "--trainer", "segment", "--max_steps", "1", "--max_completion_length", "16",
+    argv = ["train", "--tiny", "--trainer", "segment", "--max_steps", "1", "--max_completion_length", "16",
             "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
     assert main(argv) == 0
     assert "Trained 1 steps" in capsys.readouterr().out

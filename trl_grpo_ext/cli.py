@@ -44,15 +44,35 @@ from . import hub
 from .extension import list_methods
 from .registry import _import_path
 from .rewards import resolve_rewards
-from .testing import load_tiny_model, tiny_dataset
+from .tasks import TASK_REWARD_WEIGHTS, HeldoutAccuracy, addition_dataset, addition_problems
+from .tasks import TASK_REWARDS as TASK_REWARDS_DEFAULT
+from .testing import SMOLLM2, load_tiny_model, real_model, tiny_dataset
 from .tools import calculator
 
 # Without --reward_funcs: the trainers whose method brings no rewards of its own get these.
 DEFAULT_REWARDS = ["tag_format", "accuracy", "contains_solution"]
+# The built-in task (`trl_grpo_ext.tasks`): what the main job trains, on the real model, when no dataset is named.
+# Defaults, under a recipe's values and the flags: 30 steps of 8 completions (4 a prompt) of at most 24 tokens.
+TASK = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 24, "max_steps": 30,
+        "learning_rate": 3e-5, "beta": 0.0, "logging_steps": 5, "save_strategy": "no", "report_to": "none", "seed": 0}  # fmt: skip
+# Each method on the task: what makes `--trainer NAME` alone a working run of it on a CPU.
+TASK_METHODS = {
+    "prorl": {"beta": 1e-4},  # ProRL keeps a small KL term (resets need a reference)
+    "pta": {
+        "num_plans": 2,
+        "continuations_per_plan": 2,
+        "max_completion_length": 32,
+        "plan_max_tokens": 16,
+        "pta_outcome_reward": "last_integer",
+    },
+    "curriculum": {"budget_start": 24, "budget_end": 8, "budget_decays": 2, "budget_caps_generation": True},
+}
+TASK_REWARDS = {"curriculum": (["last_integer", "budget_length"], [1.0, 0.5]), "pta": (None, None)}
 # What makes a run on the tiny model take seconds on a CPU; `--tiny` puts it over a recipe's values (flags still win).
-TINY = {"max_steps": 20, "max_completion_length": 24, "learning_rate": 5e-3, "logging_steps": 5,
-        "save_strategy": "no", "report_to": "none", "seed": 0}  # fmt: skip
-QUICKSTART = {"output_dir": "outputs/quickstart", "per_device_train_batch_size": 8, "num_generations": 4, **TINY}
+TINY = {"max_steps": 20, "max_completion_length": 24, "learning_rate": 5e-3, "save_strategy": "no", "report_to": "none",
+        "seed": 0}  # fmt: skip
+QUICKSTART = {"output_dir": "outputs/quickstart", "per_device_train_batch_size": 8, "num_generations": 4,
+              "logging_steps": 5, **TINY}  # fmt: skip
 # TRL defaults bf16=True and gradient checkpointing on; neither suits a CPU (newer transformers: "activation_").
 _CHECKPOINTING = next(n for n in ("activation_checkpointing", "gradient_checkpointing")
                       if n in TrainingArguments.__dataclass_fields__)  # fmt: skip
@@ -94,6 +114,11 @@ class TrainScriptArguments(_ScriptArguments):
         default=None,
         metadata={"help": "Rewards: registry names, 'name:key=value,...', dotted import paths or reward model ids "
                   "(in YAML also {name: {key: value}}). Default: the trainer's own, else " + " ".join(DEFAULT_REWARDS)},
+    )  # fmt: skip
+    task: str | None = field(
+        default=None,
+        metadata={"help": "A built-in task instead of a dataset: its data, its rewards and a held-out evaluation "
+                  "(default when neither model nor dataset is named).", "choices": ["addition"]},
     )  # fmt: skip
     tools: list[str] | None = field(
         default=None,
@@ -174,8 +199,8 @@ def make_train_parser(config_class=None, subparsers=None, **defaults) -> Parser:
 
     With `subparsers` (an `add_subparsers(parser_class=Parser)` action, as TRL's own CLI builds them), it is added
     to them as the `train` command."""
-    types = (TrainScriptArguments, ModelConfig) if config_class is None else (
-        TrainScriptArguments, config_class, ModelConfig, DatasetMixtureConfig)  # fmt: skip
+    types = (TrainScriptArguments, config_class or (), ModelConfig, DatasetMixtureConfig)
+    types = tuple(t for t in types if t)
     if subparsers is not None:
         return subparsers.add_parser("train", help="train a named trainer", dataclass_types=types, **defaults)
     return Parser(types, prog="trl-grpo-ext train", add_help=config_class is not None, **defaults)
@@ -184,20 +209,27 @@ def make_train_parser(config_class=None, subparsers=None, **defaults) -> Parser:
 def train(argv: list[str]) -> Path:
     """Parse `argv` like `trl-grpo-ext train ARGS`, check it, train, save, and return the output directory."""
     # A first pass reads what picks the second parser: the trainer (its config class) and whether the tiny model runs.
-    script_args, model_args, _ = make_train_parser().parse(argv, return_remaining_strings=True)
+    script_args, model_args, dataset_args, _ = make_train_parser().parse(argv, return_remaining_strings=True)
     named = trainers()
     if script_args.trainer not in named:
         raise CLIError(f"--trainer {script_args.trainer!r} is unknown; use one of: {', '.join(named)}")
     trainer_cls, config_cls = named[script_args.trainer]
-    tiny = script_args.tiny or model_args.model_name_or_path is None
-    parser = make_train_parser(config_cls, defaults={**_device_defaults(), **(QUICKSTART if tiny else {})},
-                               overrides=TINY if script_args.tiny else None)  # fmt: skip
+    tiny, defaults = script_args.tiny, {**_device_defaults(), **(QUICKSTART if script_args.tiny else {})}
+    named_data = script_args.dataset_name or dataset_args.datasets
+    task = None if tiny else script_args.task or (None if named_data else "addition")
+    if task:  # the task's defaults, under the recipe and the flags
+        output = "outputs/quickstart" if script_args.trainer == "grpo_ext" else f"outputs/{script_args.trainer}"
+        defaults.update(TASK, output_dir=output, **TASK_METHODS.get(script_args.trainer, {}))
+    parser = make_train_parser(config_cls, defaults=defaults, overrides=TINY if tiny else None)
     parsed = parser.parse(argv)
     script_args, args, model_args, dataset_args = parsed
     given = parser.given(argv, parsed)
 
     specs = script_args.reward_funcs
-    if specs is None and trainer_cls in (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.SegmentGRPOTrainer):
+    if specs is None and task:
+        specs, weights = TASK_REWARDS.get(script_args.trainer, (TASK_REWARDS_DEFAULT, TASK_REWARD_WEIGHTS))
+        args.reward_weights = args.reward_weights or weights
+    elif specs is None and trainer_cls in (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.SegmentGRPOTrainer):
         specs = DEFAULT_REWARDS
     try:
         rewards = resolve_rewards(specs)
@@ -217,8 +249,7 @@ def train(argv: list[str]) -> Path:
             raise CLIError(f"--hub_model_id: {_one_line(exc)}; set --hub_model_id to 'user/name'") from exc
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
         raise CLIError("a quantized base (--load_in_4bit / --load_in_8bit) cannot be trained itself; add --use_peft")
-    builtin = script_args.tiny or (not script_args.dataset_name and not dataset_args.datasets)
-    train_dataset, eval_dataset, name = _datasets(script_args, dataset_args, args, builtin)
+    train_dataset, eval_dataset, name = _datasets(script_args, dataset_args, args, tiny, task)
     for dataset, where in ((train_dataset, name), (eval_dataset, f"{name} (eval split)")):
         if dataset is not None:
             _check_columns(dataset, where, rewards, args)
@@ -226,25 +257,34 @@ def train(argv: list[str]) -> Path:
     if tools is None and trainer_cls is trl_grpo_ext.SegmentGRPOTrainer and args.segment_by in (None, "tool_calls"):
         tools = [calculator]  # segments by tool calls need a tool: the built-in calculator
 
-    model, processing_class = script_args.tiny_model() if tiny else (model_args.model_name_or_path, None)
+    tiny_model = tiny or model_args.model_name_or_path == "tiny"
+    if tiny_model:
+        model, processing_class = script_args.tiny_model()
+    else:
+        model, processing_class = model_args.model_name_or_path or _real_model(script_args), None
     args.model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": args.trust_remote_code,
                               "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype,
                               **(args.model_init_kwargs or {})}  # fmt: skip
     # One upload at the end, with our model card, instead of Trainer's repo creation at start and pushes on save.
     push_to_hub, args.push_to_hub = args.push_to_hub, False
+    heldout = [HeldoutAccuracy(max_new_tokens=args.max_completion_length)] if task else None
     try:
         trainer = trainer_cls(model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset,
                               eval_dataset=eval_dataset, processing_class=processing_class, tools=tools,
-                              peft_config=get_peft_config(model_args),
+                              peft_config=get_peft_config(model_args), callbacks=heldout,
                               quantization_config=get_quantization_config(model_args))  # fmt: skip
     except (ValueError, TypeError, NotImplementedError) as exc:  # the extensions' checks, before the model loads
         raise CLIError(_one_line(exc)) from exc
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     out = Path(args.output_dir).resolve()
     trainer.save_model(str(out))
-    dataset_name = "built-in" if builtin else ("mixture" if dataset_args.datasets else script_args.dataset_name)
-    trainer.run_info = {"trainer": script_args.trainer, "model": "tiny" if tiny else model_args.model_name_or_path,
+    dataset_name = "built-in" if tiny else task or ("mixture" if dataset_args.datasets else script_args.dataset_name)
+    model_name = "tiny" if tiny_model else model_args.model_name_or_path or SMOLLM2
+    trainer.run_info = {"trainer": script_args.trainer, "model": model_name,
                         "dataset": dataset_name, "config": given}  # fmt: skip
+    if heldout:
+        (before, after) = heldout[0].history[0][1], heldout[0].history[-1][1]
+        trainer.run_info["results"] = {"heldout_accuracy_before": before, "heldout_accuracy_after": after}
     if push_to_hub:
         args.hub_model_id = args.hub_model_id or out.name
         try:
@@ -260,13 +300,22 @@ def train(argv: list[str]) -> Path:
     if trainer.is_world_process_zero():
         rewards_logged = [log["reward"] for log in trainer.state.log_history if "reward" in log]
         summary = f"mean reward {rewards_logged[0]:.3f} -> {rewards_logged[-1]:.3f}; " if rewards_logged else ""
+        if heldout:
+            results = trainer.run_info["results"]
+            problems = len(addition_problems("heldout"))
+            summary += (f"held-out accuracy (greedy, {problems} problems) {results['heldout_accuracy_before']:.3f} -> "
+                        f"{results['heldout_accuracy_after']:.3f}; ")  # fmt: skip
         print(f"Trained {trainer.state.global_step} steps; {summary}saved to {out}")
     return out
 
 
-def _datasets(script_args, dataset_args, args, builtin: bool):
+def _datasets(script_args, dataset_args, args, tiny: bool, task: str | None):
     """(train dataset, eval dataset or None, a name for messages), as TRL's `trl grpo` loads them."""
-    if builtin:
+    if task:
+        # The held-out problems are the eval split: never trained on.
+        dataset = DatasetDict({"train": addition_dataset("train", repeats=10), "test": addition_dataset("heldout")})
+        name = f"the built-in {task} task"
+    elif tiny:
         dataset, name = (
             DatasetDict({"train": tiny_dataset(64), "test": tiny_dataset(16, seed=1)}),
             "the built-in dataset",
@@ -331,6 +380,14 @@ def _check_columns(dataset, where: str, rewards, args) -> None:
         if column is not None and column not in columns:
             raise CLIError(f"--{option} {column!r}, but {where} has no such column (columns: {columns}); add it or "
                            f"unset --{option}")  # fmt: skip
+
+
+def _real_model(script_args) -> str:
+    try:
+        with PartialState().main_process_first():  # the first process builds it; the others then find it built
+            return real_model(script_args.cache_dir)
+    except RuntimeError as exc:
+        raise CLIError(f"{_one_line(exc)}; or pass --tiny for the random tiny model") from exc
 
 
 def _tool(path: str):

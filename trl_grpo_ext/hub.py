@@ -101,19 +101,25 @@ def model_card(record: dict, repo_id: str | None = None, tags=(), title: str | N
     if dataset:
         data_text = f"[{dataset}](https://huggingface.co/datasets/{dataset})"
     else:
-        data_text = {"built-in": "the built-in arithmetic dataset", "mixture": "the `datasets` mixture below"}.get(
-            record["dataset"], f"`{record['dataset']}`"
-        )
+        data_text = {
+            "built-in": "the built-in arithmetic dataset",
+            "mixture": "the `datasets` mixture below",
+            "addition": "the built-in addition task (`trl_grpo_ext.tasks`)",
+        }.get(record["dataset"], f"`{record['dataset']}`")
     rows = "\n".join(_method_row(key) for key in record["methods"])
     metrics = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(record["metrics"].items())) or "| (none logged) | |"
     rewards = ", ".join(f"`{r}`" for r in record["reward_funcs"])
     recipe = yaml.safe_dump(record["config"], sort_keys=False, allow_unicode=True).strip()
     versions = "\n".join(f"- {package}: {v}" for package, v in record["versions"].items())
+    results = ""
+    if "heldout_accuracy_before" in record:
+        results = (f"\n\nHeld-out accuracy (greedy, the built-in task's held-out problems): "
+                   f"{record['heldout_accuracy_before']:.3f} before training, {record['heldout_accuracy_after']:.3f} after.")  # fmt: skip
     card.text += f"""
 ## trl-grpo-ext
 
 {kind} {base_text}, trained with [trl-grpo-ext]({REPOSITORY_URL}) (`{record["trainer_class"]}`, built on TRL's
-`GRPOTrainer`) on {data_text} for {record["steps"]} steps.
+`GRPOTrainer`) on {data_text} for {record["steps"]} steps.{results}
 
 ### Methods
 

