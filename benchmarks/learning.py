@@ -5,7 +5,8 @@ addition (`trl_grpo_ext.tasks`: 40 training problems, 60 held-out ones never tra
 (last integer = the sum) plus 0.5 x brevity. Every run logs greedy held-out accuracy every `--eval-every` steps and
 the completion tokens it generated, and the numbers each method exists for:
 
-- curriculum: mean completion length against the budget (24 -> 8 tokens, the cap following it);
+- curriculum: mean completion length against the budget (24 -> 8 tokens, the cap following it), with the paper's
+  triangular length reward (`curriculum`) or with the task's brevity reward kept (`curriculum_cap`);
 - dynamic_sampling: the share of groups kept (zero-variance groups removed), accuracy per generated token;
 - prorl: KL to the reference and accuracy across reference resets (every 10 steps);
 - pta: after a cold start on plan-formatted answers (for both PTA and its GRPO baseline), plans closed and the
@@ -120,6 +121,10 @@ def arms(method: str, model: str, tokenizer, out: Path, steps: int):
                       "reward_weights": TASK_REWARD_WEIGHTS}  # fmt: skip
         return model, grpo, (GRPOExtTrainer, GRPOExtConfig, curriculum,
                              {"reward_funcs": ["last_integer", "budget_length"]})  # fmt: skip
+    if method == "curriculum_cap":  # the budget as the generation cap only, the task's own rewards kept
+        cap = {"budget_start": 24, "budget_end": 8, "budget_decays": 2, "budget_caps_generation": True,
+               "reward_weights": TASK_REWARD_WEIGHTS}  # fmt: skip
+        return model, grpo, (GRPOExtTrainer, GRPOExtConfig, cap, rewards)
     if method == "prorl":
         kl = {"beta": 0.04, "reward_weights": TASK_REWARD_WEIGHTS}
         resets = {"callbacks": [ProRLResetCallback(reset="reference", every_n_steps=10)], **rewards}
@@ -177,7 +182,7 @@ def own_metric(method: str, runs: dict) -> str:
     """The number the method exists for, both arms side by side."""
     last = {k: r["steps"][-1] for k, r in runs.items()}
     mean = {k: sum(s.get("completions/mean_length", 0) for s in r["steps"]) / len(r["steps"]) for k, r in runs.items()}
-    if method == "curriculum":
+    if method.startswith("curriculum"):
         return (f"mean completion length {mean['grpo']:.1f} (GRPO) vs {mean[method]:.1f} tokens; final budget "
                 f"{last[method].get('curriculum/budget', float('nan')):.0f}")  # fmt: skip
     if method == "dynamic_sampling":
