@@ -205,13 +205,18 @@ def own_metric(method: str, runs: dict) -> str:
 
 
 def verdict(runs: dict, method: str) -> str:
+    """Which goal the method met; a difference of one held-out problem is read as noise."""
     base, ours = runs["grpo"], runs[method]
     final_base, final_ours = base["heldout"][-1][1], ours["heldout"][-1][1]
-    if final_ours > final_base:
-        return "higher held-out accuracy on the same budget"
-    if final_ours >= final_base and ours["steps"][-1]["generated_tokens"] < base["steps"][-1]["generated_tokens"]:
-        return "GRPO's accuracy in fewer generated tokens"
-    return "neither (no gain over GRPO at this scale)"
+    noise = 1.5 / len(addition_problems("heldout"))
+    fewer = ours["steps"][-1]["generated_tokens"] < base["steps"][-1]["generated_tokens"]
+    if final_ours > final_base + noise:
+        return "higher held-out accuracy on the same budget" + (", in fewer generated tokens" if fewer else "")
+    if final_ours >= final_base - noise and fewer:
+        return "GRPO's accuracy (within one problem) in fewer generated tokens"
+    if final_ours < final_base - noise:
+        return "lower held-out accuracy than GRPO"
+    return "neither (within one held-out problem of GRPO, no fewer tokens)"
 
 
 def plot(method: str, runs: dict, path: Path) -> None:
@@ -247,11 +252,15 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     model = real_model()
     tokenizer = AutoTokenizer.from_pretrained(model)
-    table = []
+    table, baselines = [], {}
     for method in args.methods:
         start_model, baseline, spec = arms(method, model, tokenizer, out, args.steps)
-        runs = {name: run(f"{method}-{name}", start_model, tokenizer, s, args.steps, args.eval_every, out)
-                for name, s in (("grpo", baseline), (method, spec))}  # fmt: skip
+        # one GRPO run serves every method with the same baseline (same start model, trainer, settings, rewards)
+        key = repr((start_model, baseline))
+        if key not in baselines:
+            baselines[key] = run(f"{method}-grpo", start_model, tokenizer, baseline, args.steps, args.eval_every, out)
+        runs = {"grpo": baselines[key],
+                method: run(f"{method}-{method}", start_model, tokenizer, spec, args.steps, args.eval_every, out)}  # fmt: skip
         summary = {"method": method, "verdict": verdict(runs, method), "own_metric": own_metric(method, runs),
                    "heldout": {k: (r["heldout"][0][1], r["heldout"][-1][1]) for k, r in runs.items()},
                    "generated_tokens": {k: r["steps"][-1]["generated_tokens"] for k, r in runs.items()}}  # fmt: skip
