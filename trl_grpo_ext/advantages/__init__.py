@@ -19,6 +19,7 @@ from ..registry import Registry
 from .group import group_advantages, trl_group
 from .plan import plan_values
 from .segment import segment_reward_advantages
+from .staged import constraint_satisfaction, sae_project, staged_advantages, tree_order_pairs
 from .tree import tree_estimator, tree_token_advantages
 
 ADVANTAGES = Registry("advantage")
@@ -53,4 +54,8 @@ __all__ = [
     "tree_estimator",
     "segment_reward_advantages",
     "plan_values",
+    "staged_advantages",
+    "sae_project",
+    "tree_order_pairs",
+    "constraint_satisfaction",
 ]
