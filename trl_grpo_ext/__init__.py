@@ -1,8 +1,9 @@
 """trl_grpo_ext: the newest RL methods for LLMs as drop-in extensions of TRL's GRPOTrainer."""
 
+from . import tasks as tasks  # registers the built-in task's rewards (last_integer, brevity)
 from .advantages import get_advantage, list_advantages, register_advantage
 from .batch import RolloutBatch
-from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
+from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig, TreeOPOConfig
 from .extension import Extension, Method, TrainerInputs, get_method, list_methods, register_method
 from .methods.curriculum import TokenBudgetCurriculum
 from .methods.prorl import ProRLResetCallback
@@ -10,7 +11,7 @@ from .methods.pta import PlanValueReward
 from .rewards import get_reward, list_rewards, register_reward
 from .rollout import Rollout, RolloutPlan
 from .trainer import GRPOExtTrainer
-from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer, SegmentGRPOTrainer
+from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer, SegmentGRPOTrainer, TreeOPOTrainer
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,8 @@ __all__ = [
     "PTAGRPOTrainer",
     "PlanValueReward",
     "SegmentGRPOTrainer",
+    "TreeOPOConfig",
+    "TreeOPOTrainer",
     "Extension",
     "TrainerInputs",
     "Method",

@@ -45,6 +45,7 @@ class RolloutBatch:
     step: int = 0
     rollout: Rollout | None = None  # the generation record these rows came from
     extra: dict[str, Any] = field(default_factory=dict)  # what an extension hands later hooks or its estimator
+    notes: dict[str, list] = field(default_factory=dict)  # (B,) per-row values from `RolloutPlan.note`, row for row
     loss_advantages: torch.Tensor | None = None  # (B,) or (B, T) once set; None: TRL's `advantages`
     loss_weights: torch.Tensor | None = None  # (B, T) float, multiplied into the loss mask
     dropped: torch.Tensor | None = None  # (B,) bool: rows taken out of the loss

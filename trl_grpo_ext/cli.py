@@ -2,6 +2,7 @@
 
     trl-grpo-ext train [--config recipe.yaml] [--flag value ...]
     trl-grpo-ext sft [--config recipe.yaml] [--flag value ...]
+    trl-grpo-ext trees [--config trees.yaml] [--flag value ...]
     trl-grpo-ext push OUTPUT_DIR REPO_ID [--private]
 
 Each command builds its parser in a `make_*_parser(subparsers=None)` function, as TRL's scripts do. `train` parses
@@ -41,6 +42,7 @@ from trl import (
 import trl_grpo_ext
 
 from . import hub
+from .data.trees import SAMPLE_TREES, questions_dataset
 from .extension import list_methods
 from .registry import _import_path
 from .rewards import resolve_rewards
@@ -66,6 +68,7 @@ TASK_METHODS = {
         "pta_outcome_reward": "last_integer",
     },
     "curriculum": {"budget_start": 24, "budget_end": 8, "budget_decays": 2, "budget_caps_generation": True},
+    "tree_opo": {"prefix_trees": SAMPLE_TREES},  # the shipped scripted-teacher trees of the 40 training additions
 }
 TASK_REWARDS = {"curriculum": (["last_integer", "budget_length"], [1.0, 0.5]), "pta": (None, None)}
 # What makes a run on the tiny model take seconds on a CPU; `--tiny` puts it over a recipe's values (flags still win).
@@ -215,6 +218,8 @@ def train(argv: list[str]) -> Path:
         raise CLIError(f"--trainer {script_args.trainer!r} is unknown; use one of: {', '.join(named)}")
     trainer_cls, config_cls = named[script_args.trainer]
     tiny, defaults = script_args.tiny, {**_device_defaults(), **(QUICKSTART if script_args.tiny else {})}
+    if tiny and script_args.trainer == "tree_opo":
+        defaults["prefix_trees"] = SAMPLE_TREES
     named_data = script_args.dataset_name or dataset_args.datasets
     task = None if tiny else script_args.task or (None if named_data else "addition")
     if task:  # the task's defaults, under the recipe and the flags
@@ -229,7 +234,8 @@ def train(argv: list[str]) -> Path:
     if specs is None and task:
         specs, weights = TASK_REWARDS.get(script_args.trainer, (TASK_REWARDS_DEFAULT, TASK_REWARD_WEIGHTS))
         args.reward_weights = args.reward_weights or weights
-    elif specs is None and trainer_cls in (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.SegmentGRPOTrainer):
+    elif specs is None and trainer_cls in (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.SegmentGRPOTrainer,
+                                           trl_grpo_ext.TreeOPOTrainer):  # fmt: skip
         specs = DEFAULT_REWARDS
     try:
         rewards = resolve_rewards(specs)
@@ -311,7 +317,15 @@ def train(argv: list[str]) -> Path:
 
 def _datasets(script_args, dataset_args, args, tiny: bool, task: str | None):
     """(train dataset, eval dataset or None, a name for messages), as TRL's `trl grpo` loads them."""
-    if task:
+    trees = getattr(args, "prefix_trees", None)
+    if trees and not (script_args.dataset_name or dataset_args.datasets):  # Tree-OPO: one row per tree
+        try:
+            questions = questions_dataset(trees)
+        except (OSError, ValueError) as exc:
+            raise CLIError(f"--prefix_trees: {_one_line(exc)}") from exc
+        test = addition_dataset("heldout") if task else questions.select(range(min(16, len(questions))))
+        dataset, name = DatasetDict({"train": questions, "test": test}), f"the questions of {trees}"
+    elif task:
         # The held-out problems are the eval split: never trained on.
         dataset = DatasetDict({"train": addition_dataset("train", repeats=10), "test": addition_dataset("heldout")})
         name = f"the built-in {task} task"
@@ -450,6 +464,73 @@ def sft(argv: list[str]) -> Path:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------- trees
+@dataclass
+class TreesArguments(_ScriptArguments):
+    """Arguments of `trl-grpo-ext trees`: grow Tree-OPO prefix trees with a teacher model (resumable)."""
+
+    output: str = field(default="prefix_trees.jsonl", metadata={"help": "The trees file (JSONL) to write or resume."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "The teacher model (default: SmolLM2-135M-Instruct offline; 'tiny')."}
+    )
+    reward: str = field(default="last_integer", metadata={"help": "Registry reward that marks a solution correct."})
+    threshold: float = field(default=1.0, metadata={"help": "A solution is correct when its reward is >= this."})
+    question_column: str = field(default="question_id", metadata={"help": "Column with a unique id per question."})
+    width: int = field(default=4, metadata={"help": "Solutions sampled per expanded node."})
+    max_depth: int = field(default=3, metadata={"help": "Steps per path at most (later steps join the last)."})
+    delimiter: str = field(default="\n\n", metadata={"help": "What separates two steps (default a blank line)."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Tokens per sampled solution at most."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the teacher."})
+    limit: int | None = field(default=None, metadata={"help": "Grow trees for the first N questions only."})
+    seed: int = field(default=0, metadata={"help": "Sampling seed."})
+
+
+def make_trees_parser(subparsers=None) -> Parser:
+    if subparsers is not None:
+        return subparsers.add_parser("trees", help="grow Tree-OPO prefix trees", dataclass_types=(TreesArguments,))
+    return Parser((TreesArguments,), prog="trl-grpo-ext trees")
+
+
+def trees(argv: list[str]) -> Path:
+    """`trl-grpo-ext trees`: grow one prefix tree per question with a teacher (`build_prefix_trees`); returns the file.
+
+    Without a dataset: the 40 training questions of the built-in addition task (ids `add-A-B`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .data.trees import build_prefix_trees
+
+    (args,) = make_trees_parser().parse(argv)
+    if args.dataset_name is None:
+        pairs = addition_problems("train")
+        dataset = addition_dataset("train").add_column("question_id", [f"add-{a}-{b}" for a, b in pairs])
+    else:
+        try:
+            dataset = load_dataset(args.dataset_name, name=args.dataset_config, data_files=args.data_files,
+                                   split=args.dataset_train_split)  # fmt: skip
+        except Exception as exc:  # offline, not found, bad files: all mean the same here
+            raise CLIError(f"dataset {args.dataset_name!r} could not be loaded: {_one_line(exc)}") from exc
+    if args.limit is not None:
+        dataset = dataset.select(range(min(args.limit, len(dataset))))
+    if args.tiny or args.model_name_or_path == "tiny":
+        model, tokenizer = args.tiny_model()
+        model = AutoModelForCausalLM.from_pretrained(model)
+    else:
+        path = args.model_name_or_path or _real_model(args)
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    try:
+        grown = build_prefix_trees(model, tokenizer, dataset, args.reward, args.output, width=args.width,
+                                   max_depth=args.max_depth, delimiter=args.delimiter.encode().decode("unicode_escape"),
+                                   max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                   threshold=args.threshold, question_column=args.question_column, seed=args.seed)  # fmt: skip
+    except (KeyError, ValueError) as exc:
+        raise CLIError(_one_line(exc)) from exc
+    out = Path(args.output).resolve()
+    nodes = sum(len(t.nodes) for t in grown)
+    print(f"{len(grown)} prefix trees ({nodes} nodes) in {out}. Next: trl-grpo-ext train --trainer tree_opo "
+          f"--prefix_trees {out}")  # fmt: skip
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- push
 def make_push_parser(subparsers=None) -> argparse.ArgumentParser:
     description = ("Upload a run saved by `trl-grpo-ext train` (model or LoRA adapter) to the Hugging Face Hub, with "
@@ -490,6 +571,7 @@ def push(argv: list[str]) -> str:
 COMMANDS = {
     "train": (train, "train a named trainer (no arguments: the offline quickstart); `train --help` lists every flag"),
     "sft": (sft, "PTA-GRPO's cold start: SFT on (question, plan, reasoning, answer) rows in the plan format"),
+    "trees": (trees, "grow Tree-OPO prefix trees with a teacher model (resumable): `trees --output trees.jsonl`"),
     "push": (push, "upload a saved run with its model card: `push OUTPUT_DIR REPO_ID`"),
 }
 

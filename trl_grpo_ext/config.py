@@ -12,8 +12,17 @@ from .methods.dynamic_sampling import DynamicSamplingConfig
 from .methods.prefixes import PrefixColumnsConfig
 from .methods.pta import PTAConfig
 from .methods.segments import SegmentsConfig
+from .methods.tree_opo import TreeOPOConfigSection
 
-SECTIONS = (PrefixColumnsConfig, DynamicSamplingConfig, CurriculumConfig, PTAConfig, SegmentsConfig, ARPOConfig)
+SECTIONS = (
+    PrefixColumnsConfig,
+    DynamicSamplingConfig,
+    CurriculumConfig,
+    PTAConfig,
+    SegmentsConfig,
+    ARPOConfig,
+    TreeOPOConfigSection,
+)
 
 
 @dataclass
@@ -110,3 +119,18 @@ class PTAGRPOConfig(GRPOExtConfig):
     continuations_per_plan: int | None = field(default=3, metadata={"help": "Continuations per plan (z). Paper: 3."})
     num_generations: int | None = field(default=9, metadata={"help": "m * z rows per prompt."})
     per_device_train_batch_size: int = field(default=9, metadata={"help": "Rows per device and step (whole groups)."})
+
+
+@dataclass
+class TreeOPOConfig(GRPOExtConfig):
+    r"""`GRPOExtConfig` for Tree-OPO (arXiv 2509.09284): set `prefix_trees` to your trees file. Every field can be set.
+
+    Defaults that differ from `GRPOExtConfig`:
+        num_generations (4) and per_device_train_batch_size (8): a group mixes 4 prefixes of one question, each
+            completed once (`treeopo_completions_per_prefix=1`, as in the paper).
+        loss_type ("dr_grpo"): the staged advantages are not divided by a std, and neither is the loss by length.
+    """
+
+    num_generations: int | None = field(default=4, metadata={"help": "Rows per question: prefixes x completions."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Rows per device and step (whole groups)."})
+    loss_type: str = field(default="dr_grpo", metadata={"help": "Loss normalisation. Tree-OPO: no std, dr_grpo."})

@@ -37,6 +37,9 @@ class RolloutPlan:
         num_generations: the group size G of this mode.
         context_ids: per row, token ids appended to the tokenised prompt: generated after, never trained.
         prefix_ids: per row, token ids that start the completion: the policy continues them and they are trained.
+        notes: per-row values an extension keeps for its later hooks, `{key: [one value per row]}` (the tree node a
+            Tree-OPO row starts from). Reward functions never see them; the scored batch carries them as
+            `RolloutBatch.notes`, row for row.
     """
 
     rows: list[dict]
@@ -44,6 +47,7 @@ class RolloutPlan:
     num_generations: int
     context_ids: list[list[int]] = field(default_factory=list)
     prefix_ids: list[list[int]] = field(default_factory=list)
+    notes: dict[str, list] = field(default_factory=dict)
 
     def __post_init__(self):
         self.context_ids = self.context_ids or [[] for _ in self.rows]
@@ -64,7 +68,14 @@ class RolloutPlan:
             rows=[self.rows[i] for i in rows],
             context_ids=[self.context_ids[i] for i in rows],
             prefix_ids=[self.prefix_ids[i] for i in rows],
+            notes={key: [values[i] for i in rows] for key, values in self.notes.items()},
         )
+
+    def note(self, key: str, values: list) -> None:
+        """Keep one value per row under `key` for this batch's later hooks (`RolloutBatch.notes[key]`)."""
+        if len(values) != len(self.rows):
+            raise ValueError(f"note {key!r}: {len(values)} values for {len(self.rows)} rows; give one value per row.")
+        self.notes[key] = list(values)
 
     def _extend(self, target: list[list[int]], ids: list[list[int]], what: str) -> None:
         if len(ids) != len(self.rows):

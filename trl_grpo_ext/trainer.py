@@ -447,7 +447,8 @@ class GRPOExtTrainer(GRPOTrainer):
             theirs = extra.dropped if extra.dropped is not None else torch.zeros(len(extra.prompts), dtype=torch.bool)
             batch.dropped = _splice_one(mine, theirs, targets, sources, False)
         for values, new in [(batch.prompts, extra.prompts), (batch.completions, extra.completions),
-                            *((batch.columns[k], extra.columns[k]) for k in batch.columns)]:  # fmt: skip
+                            *((batch.columns[k], extra.columns[k]) for k in batch.columns),
+                            *((batch.notes[k], extra.notes[k]) for k in batch.notes if k in extra.notes)]:  # fmt: skip
             for t, s in replace.items():
                 values[t] = new[s]
         local = batch.local(batch.rewards_per_func).clone()
@@ -635,6 +636,7 @@ class GRPOExtTrainer(GRPOTrainer):
             mode=mode,
             step=self.state.global_step,
             rollout=rollout,
+            notes={key: list(values) for key, values in plan.notes.items()},
         )
         batch._output = out
         return batch

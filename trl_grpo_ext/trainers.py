@@ -107,3 +107,26 @@ class SegmentGRPOTrainer(GRPOExtTrainer):
                 "segment_reward_funcs on top of it."
             )
         super().__init__(model, reward_funcs, args, *pos, **kwargs)
+
+
+class TreeOPOTrainer(GRPOExtTrainer):
+    """Tree-OPO (arXiv 2509.09284): each group completes K prefixes of one question's teacher tree, at mixed depths.
+
+    The prefix sampling, the staged / SAE advantages and the metrics are `trl_grpo_ext.methods.tree_opo.TreeOPO`'s.
+    This trainer sets the defaults: `TreeOPOConfig`, and without `train_dataset` one row per tree of `prefix_trees`
+    (`trl_grpo_ext.data.trees.questions_dataset`: prompt, question_id and the trees' other fields).
+    """
+
+    def __init__(self, model, reward_funcs=None, args: GRPOExtConfig | None = None, *pos, **kwargs):
+        if not isinstance(args, GRPOExtConfig) or args.prefix_trees is None:
+            raise ValueError(
+                "TreeOPOTrainer needs prefix_trees, the path of a trees file: TreeOPOConfig(prefix_trees='trees.jsonl') "
+                "(build one with trl_grpo_ext.data.build_prefix_trees or `trl-grpo-ext trees`)."
+            )
+        if not reward_funcs:
+            raise ValueError("TreeOPOTrainer needs reward_funcs: the outcome reward, e.g. ['accuracy'] (binary).")
+        if not pos and kwargs.get("train_dataset") is None:
+            from .data.trees import questions_dataset
+
+            kwargs["train_dataset"] = questions_dataset(args.prefix_trees)
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)

@@ -67,7 +67,8 @@ def sae_project(r0: torch.Tensor, order_pairs, delta: float = 0.0, mode: str = "
 
     Returns:
         (N,) tensor of r0's dtype and device. With delta > 0 and a cycle in the pairs there is no solution and a
-        ValueError names it. An all-zero r0 with no active constraint stays zero in both modes (nothing to scale).
+        ValueError names it. An all-zero r0 (a group whose rewards agree) gives the closest point that meets the
+        margins, rescaled onto the sphere in hard mode; with no margin to meet it stays zero in both modes.
 
     Only differences a_j - a_i are constrained, so the projection keeps the mean of r0 (0); the norm constraint is
     met by projecting s * r0 and searching the scale s (bisection to 1e-10): for soft, s = 1 when the projection of
@@ -99,20 +100,23 @@ def sae_project(r0: torch.Tensor, order_pairs, delta: float = 0.0, mode: str = "
     def project(scale: float) -> np.ndarray:
         return _ldp_project(scale * y, pairs, delta)
 
+    def result(a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=r0_t.dtype, device=r0_t.device)
+
     a = project(1.0)
     norm = float(a @ a)
     if (mode == "soft" and norm <= budget) or not np.any(np.abs(a) > 0):
-        return torch.as_tensor(a, dtype=r0_t.dtype, device=r0_t.device)
+        return result(a)
+    base = project(0.0)  # what the margins alone need (r0 scaled to nothing)
+    if float(base @ base) > budget:
+        raise ValueError(
+            f"the ordering constraints with delta={delta} need ||a||^2 = {float(base @ base):.3g} > N = {n}; lower "
+            "delta or use fewer pairs."
+        )
+    if not np.any(np.abs(y) > 0):  # r0 = 0 (a zero-variance group): only the margins order the rows
+        return result(base if mode == "soft" else base * np.sqrt(budget / float(base @ base)))
     if mode == "soft" or norm > budget:  # shrink: the largest s <= 1 with ||P(s r0)||^2 <= N
         low, high = 0.0, 1.0
-        if float(project(0.0) @ project(0.0)) > budget:  # the margins alone need more than the budget
-            base = project(0.0)
-            if mode == "soft":
-                raise ValueError(
-                    f"the ordering constraints with delta={delta} need ||a||^2 = {float(base @ base):.3g} > N = {n}; "
-                    "lower delta or use fewer pairs."
-                )
-            return torch.as_tensor(base * np.sqrt(budget / float(base @ base)), dtype=r0_t.dtype, device=r0_t.device)
     else:  # hard and below the sphere: grow s until ||P(s r0)||^2 = N
         low, high = 1.0, 2.0
         while float(project(high) @ project(high)) < budget:
@@ -133,42 +137,39 @@ def sae_project(r0: torch.Tensor, order_pairs, delta: float = 0.0, mode: str = "
     return torch.as_tensor(a, dtype=r0_t.dtype, device=r0_t.device)
 
 
-def tree_order_pairs(rewards, ancestors, siblings, values) -> list[tuple[int, int]]:
+def tree_order_pairs(rewards, values, related) -> list[tuple[int, int]]:
     """The ordering pairs (i, j), meaning a_i + delta <= a_j, of one group's rows, from the tree.
 
     Rows i and j are completions started from prefix nodes p_i and p_j of one question's tree:
 
     1. outcome pairs: r_i < r_j gives (i, j): a failure never gets more credit than a success;
-    2. parent/child pairs: r_i == r_j and p_j is a proper ancestor of p_i (p_i extends p_j) gives (i, j): the same
-       outcome from a deeper, easier prefix earns less credit for a success and more blame for a failure;
-    3. sibling triplets: a node with two children p_i, p_j (the triplet), r_i == r_j and V(p_i) > V(p_j) gives
-       (i, j): of two siblings, the one whose subtree succeeds more often is the easier start.
+    2. parent/child pairs (p_i and p_j on one path from the root) and sibling triplets (a node and two of its
+       children p_i, p_j): with r_i == r_j and V(p_i) > V(p_j), (i, j): the same outcome from the easier start
+       (the higher success rate below it) earns less credit for a success and more blame for a failure.
+
+    The second rule orders related starts by their value, not by depth: a deeper prefix is usually easier, but a
+    teacher's wrong step makes it harder, and its value says so. The staged heuristic r - alpha V satisfies every
+    such pair with delta = 0; SAE enforces them with a margin.
 
     Args:
         rewards: (n,) the rows' rewards (a sequence or tensor).
-        ancestors: `ancestors(i, j) -> bool`, whether row j's prefix node is a proper ancestor of row i's.
-        siblings: `siblings(i, j) -> bool`, whether the rows' prefix nodes are distinct children of one node.
         values: (n,) V of each row's prefix node.
-
-    Rows from the same node, or with equal rewards and unrelated nodes, give no pair.
+        related: `related(i, j) -> bool`: the rows' prefix nodes are distinct and parent/child (one an ancestor of the
+            other) or siblings (children of one node).
     """
     r = [float(x) for x in (rewards.tolist() if isinstance(rewards, torch.Tensor) else rewards)]
     v = [float(x) for x in (values.tolist() if isinstance(values, torch.Tensor) else values)]
     pairs = []
     for i in range(len(r)):
         for j in range(len(r)):
-            if i == j:
-                continue
-            if r[i] < r[j]:
-                pairs.append((i, j))
-            elif r[i] == r[j] and (ancestors(i, j) or (siblings(i, j) and v[i] > v[j])):
+            if i != j and (r[i] < r[j] or (r[i] == r[j] and v[i] > v[j] and related(i, j))):
                 pairs.append((i, j))
     return pairs
 
 
 def constraint_satisfaction(advantages: torch.Tensor, order_pairs, delta: float = 0.0, tol: float = 1e-6) -> float:
     """The fraction of pairs (i, j) with a_i + delta <= a_j (within `tol`); 1.0 when there are no pairs."""
-    pairs = torch.as_tensor(np.asarray(order_pairs, dtype=np.int64).reshape(-1, 2))
+    pairs = torch.as_tensor(np.asarray(list(order_pairs), dtype=np.int64).reshape(-1, 2))
     if pairs.numel() == 0:
         return 1.0
     a = advantages.detach().double().cpu().reshape(-1)

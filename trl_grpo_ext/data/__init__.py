@@ -1,5 +1,24 @@
 """Dataset builders: turn your data into the formats the methods train on."""
 
 from .pta import pta_sft_dataset, pta_sft_example
+from .trees import (
+    PrefixTree,
+    build_prefix_trees,
+    from_omegaprm,
+    load_prefix_trees,
+    prefixes_from_mcts,
+    questions_dataset,
+    write_prefix_trees,
+)
 
-__all__ = ["pta_sft_example", "pta_sft_dataset"]
+__all__ = [
+    "pta_sft_example",
+    "pta_sft_dataset",
+    "PrefixTree",
+    "load_prefix_trees",
+    "write_prefix_trees",
+    "prefixes_from_mcts",
+    "questions_dataset",
+    "from_omegaprm",
+    "build_prefix_trees",
+]
