@@ -11,7 +11,9 @@ the completion tokens it generated, and the numbers each method exists for:
 - prorl: KL to the reference and accuracy across reference resets (every 10 steps);
 - pta: after a cold start on plan-formatted answers (for both PTA and its GRPO baseline), plans closed and the
   tokens generated against sampling every row independently;
-- segments: ARPO branching with the calculator tool after a tool-format cold start (both arms), the tool-call rate.
+- segments: ARPO branching with the calculator tool after a tool-format cold start (both arms), the tool-call rate;
+- tree_opo: groups of 4 prefixes of the shipped scripted-teacher trees (`trl_grpo_ext.data.trees.SAMPLE_TREES`, one
+  per training problem) at mixed depths, staged advantages; the variance of the advantages against GRPO's.
 
 A tool-calling policy is evaluated with TRL's evaluation (the tool loop runs; one sampled completion a held-out
 problem) instead of greedy decoding without tools.
@@ -41,9 +43,12 @@ from trl_grpo_ext import (
     PTAGRPOConfig,
     PTAGRPOTrainer,
     SegmentGRPOTrainer,
+    TreeOPOConfig,
+    TreeOPOTrainer,
 )
 from trl_grpo_ext.data.pta import DEFAULT_SYSTEM as PLAN_SYSTEM
 from trl_grpo_ext.data.pta import pta_sft_dataset
+from trl_grpo_ext.data.trees import SAMPLE_TREES, questions_dataset
 from trl_grpo_ext.tasks import TASK_REWARD_WEIGHTS, TASK_REWARDS, HeldoutAccuracy, addition_dataset, addition_problems
 from trl_grpo_ext.testing import CPU_KWARGS, real_model
 from trl_grpo_ext.tools import calculator
@@ -143,6 +148,9 @@ def arms(method: str, model: str, tokenizer, out: Path, steps: int):
         arpo = {**tools, "segment_by": "tool_calls", "segment_advantage": "hard", "arpo": True}
         extra = {"reward_funcs": ["last_integer"], "tools": [calculator]}
         return model, (GRPOExtTrainer, GRPOExtConfig, tools, extra), (SegmentGRPOTrainer, GRPOExtConfig, arpo, extra)
+    if method == "tree_opo":  # the trees' questions are the 40 training problems: the same rows as GRPO's
+        trees = {"prefix_trees": SAMPLE_TREES, "reward_weights": TASK_REWARD_WEIGHTS}
+        return model, grpo, (TreeOPOTrainer, TreeOPOConfig, trees, {**rewards, "train_dataset": "trees"})
     raise SystemExit(f"unknown method {method!r}")
 
 
@@ -160,8 +168,13 @@ def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out
     args = config_cls(output_dir=str(out / name), max_steps=steps, **{**BASE, **overrides})
     callbacks = [*extra.pop("callbacks", []), trace, *([] if tools else [heldout])]
     rewards = extra.pop("reward_funcs")
-    trainer = trainer_cls(model=model, args=args, train_dataset=addition_dataset("train", repeats=10, system=system),
-                          processing_class=tokenizer, callbacks=callbacks, reward_funcs=rewards, **extra)  # fmt: skip
+    if extra.pop("train_dataset", None) == "trees":
+        dataset = questions_dataset(overrides["prefix_trees"])
+        dataset = dataset.select([i % len(dataset) for i in range(10 * len(dataset))])  # as GRPO's: 10 passes
+    else:
+        dataset = addition_dataset("train", repeats=10, system=system)
+    trainer = trainer_cls(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                          callbacks=callbacks, reward_funcs=rewards, **extra)  # fmt: skip
     start = time.perf_counter()
     if tools:
         trainer.evaluate()
@@ -196,6 +209,15 @@ def own_metric(method: str, runs: dict) -> str:
         closed = sum(s["pta/plans_closed"] for s in steps) / len(steps)
         saved = sum(s["pta/tokens_saved_fraction"] for s in steps) / len(steps)
         return f"plans closed {closed:.2f}; tokens saved against independent sampling {saved:.2f}"
+    if method == "tree_opo":
+        var = {
+            k: sum(s.get("treeopo/advantage_var", 0) for s in r["steps"]) / len(r["steps"]) for k, r in runs.items()
+        }
+        std = sum(s.get("reward_std", 0) for s in runs["grpo"]["steps"]) / len(runs["grpo"]["steps"])
+        steps = runs[method]["steps"]
+        depth = sum(s["treeopo/prefix_depth"] for s in steps) / len(steps)
+        return (f"advantage variance {var[method]:.3f} (GRPO's std-normalised advantages: about 1 where a group "
+                f"varies; its mean reward std {std:.3f}); mean prefix depth {depth:.2f}")  # fmt: skip
     if method == "segments":
         rate = {
             k: sum(s.get("tools/call_frequency", 0) for s in r["steps"]) / len(r["steps"]) for k, r in runs.items()

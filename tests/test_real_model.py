@@ -22,6 +22,7 @@ from trl_grpo_ext import (
     SegmentGRPOTrainer,
     get_reward,
 )
+from trl_grpo_ext.data.trees import SAMPLE_TREES
 from trl_grpo_ext.methods.pta import truncate_at_tag
 from trl_grpo_ext.tasks import TASK_REWARD_WEIGHTS, TASK_REWARDS, addition_dataset
 from trl_grpo_ext.testing import cpu_test_config_kwargs, real_model
@@ -199,9 +200,11 @@ def test_every_recipe_runs_on_the_real_model(recipe, real_path, tmp_path, capsys
 
     rows = tmp_path / "addition.jsonl"
     addition_dataset().to_json(str(rows))
+    # Tree-OPO's rows are its trees' questions: the shipped trees of the addition task, with no dataset named.
+    data = (["--prefix_trees", SAMPLE_TREES] if recipe.stem == "tree_opo"
+            else ["--dataset_name", "json", "--data_files", str(rows)])  # fmt: skip
     out = tmp_path / "run"
-    argv = ["train", "--config", str(recipe), "--model_name_or_path", real_path, "--dataset_name", "json",
-            "--data_files", str(rows), "--max_steps", "1", "--max_completion_length", "16", "--num_generations", "4",
+    argv = ["train", "--config", str(recipe), "--model_name_or_path", real_path, *data, "--max_steps", "1", "--max_completion_length", "16", "--num_generations", "4",
             "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
             "--output_dir", str(out), *SMALL.get(recipe.stem, [])]  # fmt: skip
     assert main(argv) == 0
@@ -232,3 +235,34 @@ def test_a_named_trainer_alone_is_a_working_run(real_path, tmp_path, capsys):
     # `--trainer segment` alone: segments by tool calls, with the built-in calculator, on the built-in task.
     assert main(["train", "--trainer", "segment", "--max_steps", "1", "--output_dir", str(tmp_path / "run")]) == 0
     assert "Trained 1 steps" in capsys.readouterr().out
+
+
+def test_tree_opo_builds_trees_with_the_model_itself_then_trains(real_path, real_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trl_grpo_ext import TreeOPOConfig, TreeOPOTrainer
+    from trl_grpo_ext.data.trees import build_prefix_trees, questions_dataset
+    from trl_grpo_ext.tasks import addition_problems
+
+    pairs = addition_problems("train")[:2]
+    questions = addition_dataset().select(range(2)).add_column("question_id", [f"add-{a}-{b}" for a, b in pairs])
+    teacher = AutoModelForCausalLM.from_pretrained(real_path)
+    # The model answers in one line: split steps on a newline so that its trees have inner nodes.
+    trees = build_prefix_trees(teacher, real_tokenizer, questions, "last_integer", tmp_path / "trees.jsonl", width=2,
+                               max_depth=2, delimiter="\n", max_new_tokens=16, progress=False)  # fmt: skip
+    assert [t.question_id for t in trees] == questions["question_id"]
+    assert all(any(n.terminal and n.correct is not None for n in t.nodes.values()) for t in trees)
+    del teacher
+    args = make_config(tmp_path, TreeOPOConfig, prefix_trees=str(tmp_path / "trees.jsonl"), max_steps=2,
+                       per_device_train_batch_size=4, max_completion_length=16, learning_rate=1e-4,
+                       logging_steps=1)  # fmt: skip
+    trainer = TreeOPOTrainer(model=real_path, reward_funcs=TASK_REWARDS, args=args, processing_class=real_tokenizer,
+                             train_dataset=questions_dataset(tmp_path / "trees.jsonl"))  # fmt: skip
+    logs = _train(trainer)
+    assert len(logs) == 2 and all("treeopo/constraint_satisfaction" in log for log in logs)
+    batch, tree_of = trainer.last_batch, trainer.extension("treeopo").trees
+    for row, (qid, node) in enumerate(batch.notes["treeopo_node"]):
+        prefix = tree_of[qid].prefix(node)
+        ids = _ids(real_tokenizer, prefix + "\n") if prefix else []
+        prompt = batch._output["prompt_ids"][row][batch._output["prompt_mask"][row].bool()].tolist()
+        assert prompt[len(prompt) - len(ids) :] == ids  # the prefix is context, on a real vocabulary too

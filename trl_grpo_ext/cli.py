@@ -218,14 +218,15 @@ def train(argv: list[str]) -> Path:
         raise CLIError(f"--trainer {script_args.trainer!r} is unknown; use one of: {', '.join(named)}")
     trainer_cls, config_cls = named[script_args.trainer]
     tiny, defaults = script_args.tiny, {**_device_defaults(), **(QUICKSTART if script_args.tiny else {})}
-    if tiny and script_args.trainer == "tree_opo":
-        defaults["prefix_trees"] = SAMPLE_TREES
+    overrides = dict(TINY) if tiny else None
+    if tiny and script_args.trainer == "tree_opo":  # the built-in questions need their own trees, over a recipe's
+        overrides["prefix_trees"] = SAMPLE_TREES
     named_data = script_args.dataset_name or dataset_args.datasets
     task = None if tiny else script_args.task or (None if named_data else "addition")
     if task:  # the task's defaults, under the recipe and the flags
         output = "outputs/quickstart" if script_args.trainer == "grpo_ext" else f"outputs/{script_args.trainer}"
         defaults.update(TASK, output_dir=output, **TASK_METHODS.get(script_args.trainer, {}))
-    parser = make_train_parser(config_cls, defaults=defaults, overrides=TINY if tiny else None)
+    parser = make_train_parser(config_cls, defaults=defaults, overrides=overrides)
     parsed = parser.parse(argv)
     script_args, args, model_args, dataset_args = parsed
     given = parser.given(argv, parsed)
@@ -318,7 +319,7 @@ def train(argv: list[str]) -> Path:
 def _datasets(script_args, dataset_args, args, tiny: bool, task: str | None):
     """(train dataset, eval dataset or None, a name for messages), as TRL's `trl grpo` loads them."""
     trees = getattr(args, "prefix_trees", None)
-    if trees and not (script_args.dataset_name or dataset_args.datasets):  # Tree-OPO: one row per tree
+    if trees and (tiny or not (script_args.dataset_name or dataset_args.datasets)):  # Tree-OPO: one row per tree
         try:
             questions = questions_dataset(trees)
         except (OSError, ValueError) as exc:
