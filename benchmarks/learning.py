@@ -162,7 +162,7 @@ def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out
     heldout, trace = HeldoutAccuracy(every=eval_every, max_new_tokens=overrides.get("max_completion_length", 24),
                                      system=system), Trace()  # fmt: skip
     if tools:  # a tool-calling policy is evaluated with the tool loop: TRL's evaluation, one sample a problem
-        overrides.update(eval_strategy="steps", eval_steps=eval_every, num_generations_eval=1,
+        overrides.update(eval_strategy="steps", eval_steps=eval_every, eval_on_start=True, num_generations_eval=1,
                          per_device_eval_batch_size=20)  # fmt: skip
         extra["eval_dataset"] = addition_dataset("heldout", system=system)
     args = config_cls(output_dir=str(out / name), max_steps=steps, **{**BASE, **overrides})
@@ -176,9 +176,8 @@ def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out
     trainer = trainer_cls(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                           callbacks=callbacks, reward_funcs=rewards, **extra)  # fmt: skip
     start = time.perf_counter()
-    if tools:
-        trainer.evaluate()
-    trainer.train()
+    trainer.train()  # tools: eval_on_start gives the step-0 point (an evaluate() before train() is lost: train resets
+    # the trainer state and its log history)
     if tools:
         trainer.evaluate()
         key = "eval_rewards/last_integer_reward/mean"

@@ -74,3 +74,18 @@ def test_segment_arpo_example_branches_on_the_tiny_model(tmp_path):
     branches = [float(line.split("branches ")[1].split(",")[0]) for line in steps]
     saved = [float(line.split("tokens not regenerated ")[1].split(",")[0]) for line in steps]
     assert sum(branches) > 0 and sum(saved) > 0
+
+
+@pytest.mark.parametrize("extra", [[], ["--grow", "--advantage", "sae_hard"]], ids=["shipped_trees", "grown_trees"])
+def test_tree_opo_example_trains_from_prefixes(tmp_path, extra):
+    stdout = run_example("tree_opo.py", tmp_path / "out", *extra)
+    steps = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert len(steps) == 4
+    depths = [float(line.split("prefix depth ")[1].split(",")[0]) for line in steps]
+    satisfied = [float(line.split("constraints satisfied ")[1].split(" ")[0]) for line in steps]
+    if extra:  # the tiny model grew 8 trees of its own; it writes no blank lines, so every prefix is the question
+        assert "grew 8 trees" in stdout and (tmp_path / "out" / "trees.jsonl").exists()
+        assert depths == [0.0] * 4
+    else:  # the shipped trees: 4 prefixes per group at depths 0, 1, 2, 2
+        assert depths == [1.25] * 4
+    assert all(s == 1.0 for s in satisfied)

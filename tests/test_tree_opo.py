@@ -3,6 +3,7 @@
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from trl_grpo_ext.data.trees import (
     questions_dataset,
 )
 from trl_grpo_ext.methods.tree_opo import sample_prefixes
+from trl_grpo_ext.tasks import addition_trees
 
 from .conftest import make_config
 
@@ -89,7 +91,7 @@ def test_sae_errors():
 
 def test_order_pairs_from_the_sample_tree():
     tree = load_prefix_trees(SAMPLE_TREES)[0]
-    # rows start from: the root (V 0.5), "We add" (V 1/3), a right sum (V 0.5), a wrong sum (V 0); rewards:
+    # rows start from: the root (V 3/4), "We add" (V 2/3), a right sum (V 1), a wrong sum (V 0); rewards:
     nodes, rewards = ["0", "1", "2", "5"], [1.0, 1.0, 0.0, 0.0]
     values = [tree.nodes[n].values["expectation"] for n in nodes]
 
@@ -98,8 +100,8 @@ def test_order_pairs_from_the_sample_tree():
         return tree.is_ancestor(a, b) or tree.is_ancestor(b, a) or tree.nodes[a].parent == tree.nodes[b].parent
 
     pairs = set(tree_order_pairs(rewards, values, related))
-    # Outcome pairs (failures below successes), then: two successes from the root (0.5) and from node 1 (1/3):
-    # the root is the easier start, so (0, 1); two failures from siblings 2 (0.5) and 5 (0): (2, 3).
+    # Outcome pairs (failures below successes), then: two successes from the root (3/4) and from node 1 (2/3):
+    # the root is the easier start, so (0, 1); two failures from siblings 2 (1) and 5 (0): (2, 3).
     assert pairs == {(2, 0), (2, 1), (3, 0), (3, 1), (0, 1), (2, 3)}
     staged = staged_advantages(torch.tensor(rewards), torch.tensor(values), torch.zeros(4, dtype=torch.long))
     assert constraint_satisfaction(staged, pairs, 1e-4) == 1.0  # r - alpha V orders related starts by V
@@ -117,11 +119,16 @@ def _tree(nodes, qid="q1"):
     return {"question_id": qid, "prompt": "What is 1 + 1?", "solution": "2", "nodes": nodes}
 
 
+def test_the_shipped_trees_are_the_scripted_teachers():
+    assert [json.loads(line) for line in Path(SAMPLE_TREES).read_text().splitlines()] == addition_trees()
+
+
 def test_node_values_and_the_prefix_dataset():
     tree = load_prefix_trees(SAMPLE_TREES)[0]
     values = {n: tree.nodes[n].values for n in ("0", "1", "2", "5")}
-    assert values["0"] == {"expectation": 0.5, "optimistic": 1.0, "pessimistic": 0.0}
-    assert values["1"]["expectation"] == pytest.approx(1 / 3)
+    assert values["0"] == {"expectation": 0.75, "optimistic": 1.0, "pessimistic": 0.0}  # leaves 3, 4, 7 right; 6 not
+    assert values["1"]["expectation"] == pytest.approx(2 / 3)
+    assert values["2"] == {"expectation": 1.0, "optimistic": 1.0, "pessimistic": 1.0}
     assert values["5"] == {"expectation": 0.0, "optimistic": 0.0, "pessimistic": 0.0}
     assert tree.nodes["3"].values["pessimistic"] == 1.0
     rows = prefixes_from_mcts(SAMPLE_TREES)
@@ -130,7 +137,7 @@ def test_node_values_and_the_prefix_dataset():
     a, b = row["question_id"].split("-")[1:]
     assert row["prefix"] == f"We add {a} and {b}.\n\n{a} + {b} = {int(a) + int(b)}."
     assert (row["root_id"], row["node_id"], row["parent_id"], row["depth"]) == ("0", "2", "1", 2)
-    assert (row["v_expectation"], row["v_optimistic"], row["v_pessimistic"]) == (0.5, 1.0, 0.0)
+    assert (row["v_expectation"], row["v_optimistic"], row["v_pessimistic"]) == (1.0, 1.0, 1.0)
     questions = questions_dataset(SAMPLE_TREES)
     assert questions.column_names == ["prompt", "question_id", "solution"] and len(questions) == 40
 

@@ -49,6 +49,28 @@ def addition_dataset(split: str = "train", repeats: int = 1, system: str | None 
     return Dataset.from_dict({"prompt": prompts, "solution": solutions})
 
 
+def addition_trees(split: str = "train") -> list[dict]:
+    """The task's prefix trees from a scripted teacher (the rows of `trl_grpo_ext.data.trees.SAMPLE_TREES`).
+
+    Per problem A + B (id `add-A-B`): the teacher answers directly ("S", right), or writes "We add A and B." and then
+    either the right sum, after which both of its two endings are right, or a sum one too high, which it follows to
+    the wrong answer. So a prefix's value is what a competent teacher's Monte Carlo estimate would be: the bare
+    question 3/4, "We add" 2/3, the right sum 1, the wrong sum 0.
+    """
+    trees = []
+    for a, b in addition_problems(split):
+        s, wrong = a + b, a + b + 1
+        steps = [("0", None, "", None), ("1", "0", f"We add {a} and {b}.", None), ("2", "1", f"{a} + {b} = {s}.", None),
+                 ("3", "2", f"The answer is {s}.", True), ("4", "2", f"So {a} + {b} is {s}.", True),
+                 ("5", "1", f"{a} + {b} = {wrong}.", None), ("6", "5", f"The answer is {wrong}.", False),
+                 ("7", "0", str(s), True)]  # fmt: skip
+        nodes = [{"id": i, "parent": p, "text": t, **({} if c is None else {"correct": c})} for i, p, t, c in steps]
+        prompt = [{"role": "user", "content": QUESTION.format(a=a, b=b)}]
+        trees.append({"question_id": f"add-{a}-{b}", "prompt": prompt, "delimiter": "\n\n", "solution": str(s),
+                      "nodes": nodes})  # fmt: skip
+    return trees
+
+
 def last_integer(text: str) -> int | None:
     """The last integer in a text, or None."""
     found = _INTEGER.findall(text)

@@ -115,22 +115,20 @@ def sae_project(r0: torch.Tensor, order_pairs, delta: float = 0.0, mode: str = "
         )
     if not np.any(np.abs(y) > 0):  # r0 = 0 (a zero-variance group): only the margins order the rows
         return result(base if mode == "soft" else base * np.sqrt(budget / float(base @ base)))
+
+    def excess(scale: float) -> float:  # ||P(s r0)||^2 - N: increasing in s
+        a = project(scale)
+        return float(a @ a) - budget
+
     if mode == "soft" or norm > budget:  # shrink: the largest s <= 1 with ||P(s r0)||^2 <= N
         low, high = 0.0, 1.0
     else:  # hard and below the sphere: grow s until ||P(s r0)||^2 = N
         low, high = 1.0, 2.0
-        while float(project(high) @ project(high)) < budget:
+        while excess(high) < 0:
             low, high = high, high * 2
             if high > 1e12:
                 raise ValueError("sae_project(mode='hard') cannot reach ||a||^2 = N: r0 is (numerically) zero.")
-    for _ in range(200):
-        mid = (low + high) / 2
-        if float(project(mid) @ project(mid)) > budget:
-            high = mid
-        else:
-            low = mid
-        if high - low < 1e-10 * max(1.0, high):
-            break
+    low, high = _root_bracket(excess, low, high, tol=1e-10)
     a = project(low)
     if mode == "hard":  # land exactly on the sphere; scaling up by ~1 keeps every margin (a_j - a_i >= delta)
         a = a * np.sqrt(budget / float(a @ a))
@@ -174,6 +172,32 @@ def constraint_satisfaction(advantages: torch.Tensor, order_pairs, delta: float 
         return 1.0
     a = advantages.detach().double().cpu().reshape(-1)
     return float((a[pairs[:, 0]] + delta <= a[pairs[:, 1]] + tol).double().mean())
+
+
+def _root_bracket(f, low: float, high: float, tol: float) -> tuple[float, float]:
+    """Shrink [low, high] with f(low) <= 0 < f(high) around f's root (f increasing): regula falsi with the Illinois
+    step, which keeps the bracket and converges superlinearly (a handful of projections, where bisection needs ~35)."""
+    f_low, f_high, side = f(low), f(high), 0
+    for _ in range(200):
+        if high - low < tol * max(1.0, high):
+            break
+        mid = high - f_high * (high - low) / (f_high - f_low) if f_high != f_low else (low + high) / 2
+        if not low < mid < high:
+            mid = (low + high) / 2
+        f_mid = f(mid)
+        if f_mid > 0:
+            high, f_high = mid, f_mid
+            if side == 1:
+                f_low /= 2
+            side = 1
+        else:
+            low, f_low = mid, f_mid
+            if side == -1:
+                f_high /= 2
+            side = -1
+            if -f_mid < 1e-9 * max(1.0, abs(f_high)):
+                break  # on the sphere to 1e-9, from the feasible side
+    return low, high
 
 
 def _ldp_project(y: np.ndarray, pairs: np.ndarray, delta: float) -> np.ndarray:

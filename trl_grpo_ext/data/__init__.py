@@ -2,6 +2,8 @@
 
 from .pta import pta_sft_dataset, pta_sft_example
 from .trees import (
+    SAMPLE_OMEGAPRM,
+    SAMPLE_TREES,
     PrefixTree,
     build_prefix_trees,
     from_omegaprm,
@@ -21,4 +23,6 @@ __all__ = [
     "questions_dataset",
     "from_omegaprm",
     "build_prefix_trees",
+    "SAMPLE_TREES",
+    "SAMPLE_OMEGAPRM",
 ]
