@@ -22,8 +22,8 @@ Each method's goal is GRPO's final held-out accuracy in fewer generated tokens, 
 the summary says which, or neither. Results: `<out>/<method>.json` and `<out>/<method>.png` (accuracy against steps
 and against generated tokens, the method's own metric beside), and one table printed at the end (docs/results.md).
 
-Run (about 5 to 12 minutes per method and baseline on 2 CPU cores):
-    python benchmarks/learning.py --methods dynamic_sampling curriculum prorl pta segments
+Run (about 5 to 12 minutes per method and baseline on 2 CPU cores; segments about 35, its tool evaluation is slow):
+    python benchmarks/learning.py --methods dynamic_sampling curriculum curriculum_cap prorl pta segments tree_opo
     python benchmarks/learning.py --methods curriculum --steps 20 --eval-every 5 --out /tmp/learning
 """
 
@@ -59,8 +59,19 @@ BASE = dict(per_device_train_batch_size=8, num_generations=4, max_completion_len
 TOOL_SYSTEM = "Use the calculator tool to add the numbers, then answer with just the number."
 
 
+def step_tokens(logs: dict, rows: int) -> float:
+    """The completion tokens one step generated, from its logged metrics."""
+    if "pta/generated_tokens" in logs:
+        return logs["pta/generated_tokens"]
+    return logs.get("completions/mean_length", 0.0) * rows - logs.get("arpo/generated_tokens_saved", 0.0)
+
+
 class Trace(TrainerCallback):
-    """Per step: completion tokens generated (PTA counts each plan once) and the logged metrics."""
+    """Per step: completion tokens generated and the logged metrics.
+
+    PTA counts each plan once; ARPO's branches do not count the prefix they share with their parent (the tokens
+    `arpo/generated_tokens_saved` says were not generated again).
+    """
 
     def __init__(self):
         self.steps: list[dict] = []
@@ -70,7 +81,7 @@ class Trace(TrainerCallback):
         if not logs or "reward" not in logs:
             return
         rows = args.per_device_train_batch_size * args.steps_per_generation
-        self.tokens += logs.get("pta/generated_tokens", logs.get("completions/mean_length", 0.0) * rows)
+        self.tokens += step_tokens(logs, rows)
         self.steps.append({"step": state.global_step, "generated_tokens": self.tokens, **logs})
 
 
@@ -179,8 +190,9 @@ def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out
     trainer.train()  # tools: eval_on_start gives the step-0 point (an evaluate() before train() is lost: train resets
     # the trainer state and its log history)
     if tools:
-        trainer.evaluate()
         key = "eval_rewards/last_integer_reward/mean"
+        if not any(log["step"] == trainer.state.global_step and key in log for log in trainer.state.log_history):
+            trainer.evaluate()  # the last step is not a multiple of eval_every: one more point at the end
         heldout.history = [(log["step"], log[key]) for log in trainer.state.log_history if key in log]
     result = {"name": name, "seconds": time.perf_counter() - start, "heldout": heldout.history, "steps": trace.steps}
     if "prorl" in {e.name for e in trainer.extensions}:
@@ -264,7 +276,11 @@ def plot(method: str, runs: dict, path: Path) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--methods", nargs="+", default=["dynamic_sampling", "curriculum", "prorl", "pta", "segments"])
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["dynamic_sampling", "curriculum", "curriculum_cap", "prorl", "pta", "segments", "tree_opo"],
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--out", default="benchmarks/results")
