@@ -3,7 +3,7 @@
 from . import tasks as tasks  # registers the built-in task's rewards (last_integer, brevity)
 from .advantages import get_advantage, list_advantages, register_advantage
 from .batch import RolloutBatch
-from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig, TreeOPOConfig
+from .config import BiCCGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig, TreeOPOConfig
 from .extension import Extension, Method, TrainerInputs, get_method, list_methods, register_method
 from .methods.curriculum import TokenBudgetCurriculum
 from .methods.prorl import ProRLResetCallback
@@ -11,7 +11,14 @@ from .methods.pta import PlanValueReward
 from .rewards import get_reward, list_rewards, register_reward
 from .rollout import Rollout, RolloutPlan
 from .trainer import GRPOExtTrainer
-from .trainers import CurriculumGRPOTrainer, ProRLTrainer, PTAGRPOTrainer, SegmentGRPOTrainer, TreeOPOTrainer
+from .trainers import (
+    BiCCGRPOTrainer,
+    CurriculumGRPOTrainer,
+    ProRLTrainer,
+    PTAGRPOTrainer,
+    SegmentGRPOTrainer,
+    TreeOPOTrainer,
+)
 
 __version__ = "0.1.0"
 
@@ -29,6 +36,8 @@ __all__ = [
     "SegmentGRPOTrainer",
     "TreeOPOConfig",
     "TreeOPOTrainer",
+    "BiCCGRPOConfig",
+    "BiCCGRPOTrainer",
     "Extension",
     "TrainerInputs",
     "Method",

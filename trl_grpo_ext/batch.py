@@ -19,6 +19,8 @@ class RolloutBatch:
     this process's rows only (B rows); `process_slice` picks them out of N. On one process N == B.
 
     Shapes: N = rows on all processes, B = rows on this process, T = padded completion length, F = reward functions.
+    Rows added after scoring (`trainer.add_rows`, BiCC's conditioned rows) follow the B scored rows in the token
+    tensors and per-row lists; rewards and `local(...)` cover the scored rows only.
 
     `advantages` is TRL's own result and stays as it is. What the loss will use is written with `set_advantages`,
     `scale_loss_weights` and `drop_rows` (by the advantage estimator, then by each extension's `after_scoring`).
@@ -49,7 +51,15 @@ class RolloutBatch:
     loss_advantages: torch.Tensor | None = None  # (B,) or (B, T) once set; None: TRL's `advantages`
     loss_weights: torch.Tensor | None = None  # (B, T) float, multiplied into the loss mask
     dropped: torch.Tensor | None = None  # (B,) bool: rows taken out of the loss
+    seq_log_ratio: torch.Tensor | None = None  # (N,) log pi_theta(o|q) - log pi_ref(o|q), when the estimator asks
+    added_from: list[int] = field(default_factory=list)  # per row added after scoring, the scored row it repeats
+    metrics: dict[str, float] = field(default_factory=dict)  # scalars the estimator logs (once the batch is scored)
     _output: dict | None = field(default=None, repr=False)  # TRL's output dict (trainer.py reads and writes it)
+
+    @property
+    def num_scored(self) -> int:
+        """This process's scored rows: the first `num_scored` rows; rows added after scoring (`add_rows`) follow."""
+        return self.completion_ids.size(0) - len(self.added_from)
 
     @property
     def group_ids(self) -> torch.Tensor:

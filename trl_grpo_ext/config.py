@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .methods.arpo import ARPOConfig
+from .methods.bicc import BiCCConfig
 from .methods.curriculum import CurriculumConfig
 from .methods.dynamic_sampling import DynamicSamplingConfig
 from .methods.prefixes import PrefixColumnsConfig
@@ -22,6 +23,7 @@ SECTIONS = (
     SegmentsConfig,
     ARPOConfig,
     TreeOPOConfigSection,
+    BiCCConfig,
 )
 
 
@@ -134,3 +136,11 @@ class TreeOPOConfig(GRPOExtConfig):
     num_generations: int | None = field(default=4, metadata={"help": "Rows per question: prefixes x completions."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Rows per device and step (whole groups)."})
     loss_type: str = field(default="dr_grpo", metadata={"help": "Loss normalisation. Tree-OPO: no std, dr_grpo."})
+
+
+@dataclass
+class BiCCGRPOConfig(GRPOExtConfig):
+    r"""`GRPOExtConfig` with BiCC switched on (arXiv 2603.13134): conditioned rows for every mixed group, one random
+    opposite answer per row, cut to 40% of the context budget. Every field can still be set."""
+
+    bicc: bool = field(default=True, metadata={"help": "Add rows conditioned on an opposite answer (BiCC)."})

@@ -16,8 +16,12 @@ Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
 - `_tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)`: run on
   branch rows that continue a trajectory after a tool result (ARPO), so that TRL's limits count the whole trajectory.
 - `_calculate_rewards(inputs, prompts, completions, completion_ids_list) -> Tensor (N, F)`: kept for the batch.
-- `_compute_loss(model, inputs)`: rescaled when rows were dropped, so that per-row-normalised losses (grpo, sapo,
-  dr_grpo, luspo) average over the kept rows only.
+- `_compute_loss(model, inputs)`: rescaled when rows were dropped or added, so that per-row-normalised losses (grpo,
+  sapo, dr_grpo, luspo) average over the kept rows of the whole generation batch (all micro-batches, all processes).
+- `_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size)`: called, not
+  wrapped, for log-probs of rows TRL did not build (`completion_logps`: rows added after scoring, RCC's log-ratio).
+- `GRPOTrainer.__init__` builds a reference model only when `beta != 0`: an estimator that needs one at `beta = 0`
+  (RCC) gets TRL's own, built with a stand-in beta that is set back to 0 before training.
 - `out["tool_mask"]`: the loss masks with `completion_mask * tool_mask`; per-token loss weights and dropped rows are
   multiplied in, and `out["num_items_in_batch"]` (the dapo / cispo normaliser) is recomputed from the product.
 - `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: extension state is saved beside
@@ -37,7 +41,7 @@ import os
 
 import torch
 import transformers
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -45,6 +49,8 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import parse_response
 from trl.data_utils import is_conversational
 from trl.extras.profiling import profiling_context
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import use_adapter
 
 from .advantages import get_advantage, trl_group
 from .batch import RolloutBatch
@@ -66,6 +72,8 @@ TRL_SEAMS = {
     ],
     "_generate": ["self", "prompts"],
     "_compute_loss": ["self", "model", "inputs"],
+    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
+                                           "batch_size"],
     "_save_checkpoint": ["self", "model", "trial"],
     "_load_optimizer_and_scheduler": ["self", "checkpoint"],
 }  # fmt: skip
@@ -78,9 +86,26 @@ TRL_ATTRIBUTES = [
 ]  # fmt: skip
 # Losses that average per row (or divide by the number of rows): rows taken out of the loss must leave the count too.
 ROW_NORMALISED_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")
-# The key of TRL's output dict that marks the rows kept in the loss when some were dropped.
+# The keys of TRL's output dict that mark the rows kept in the loss when some were dropped or added: (B,) float per
+# row, and a scalar, the kept rows of the whole generation batch over all processes.
 KEPT_ROWS = "trl_grpo_ext_kept_rows"
+KEPT_TOTAL = "trl_grpo_ext_kept_total"
+# Keys of TRL's output dict that `add_rows` cannot extend yet (images and their per-token fields).
+_MULTIMODAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+    "num_images",
+    "num_tiles",
+)
 STATE_FILE = "trl_grpo_ext_state.pt"
+# The beta TRL's __init__ sees while it builds a reference that only an estimator reads (never a loss coefficient).
+_REFERENCE_ONLY_BETA = 1.0
 
 
 class _Stage:
@@ -132,7 +157,24 @@ class GRPOExtTrainer(GRPOTrainer):
         )  # fmt: skip
         for extension in self.extensions:
             extension.check(inputs)
-        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        # An estimator that reads the log-ratio to the reference (RCC) needs a reference even at beta = 0, where TRL
+        # builds none: TRL builds its own (a copy from the model's path, or the PEFT "ref" adapter, prepared for
+        # DeepSpeed / FSDP) under a stand-in beta, set back to 0 right after, so the loss has no KL term.
+        needs_reference = getattr(estimator, "needs_log_ratio", False) and args is not None and args.beta == 0.0
+        if needs_reference:
+            logger.warning(
+                f"advantage estimator {estimator_name!r} reads the log-ratio to the reference policy: with beta=0 a "
+                "frozen reference is built anyway and its log-probs are computed for every batch (one more forward "
+                "pass per generation batch; the loss has no KL term)."
+            )
+            args.beta = _REFERENCE_ONLY_BETA
+        try:
+            super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        finally:
+            if needs_reference:
+                args.beta = 0.0
+        if needs_reference:
+            self.beta = 0.0
         self.advantage_estimator = estimator
         self.last_batch: RolloutBatch | None = None
         self.run_info: dict | None = None  # for the model card: trainer name, model, dataset, config as given
@@ -378,6 +420,157 @@ class GRPOExtTrainer(GRPOTrainer):
                     out.append(-(logp.exp() * logp).sum(-1).cpu())
         return out
 
+    def tokenize_prompts(self, prompts: list, rows: list[int] | None = None) -> list[list[int]]:
+        """Token ids of `prompts` as TRL tokenizes them for generation (chat template and generation prompt applied).
+
+        Text prompts only (plain or conversational); `rows` are the batch rows they belong to (per-row tool schemas).
+        """
+        with self._rows_view(rows):
+            prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
+        if images is not None or multimodal_fields:
+            raise NotImplementedError("tokenize_prompts takes text prompts; these carry images or multimodal fields.")
+        return [_as_list(ids) for ids in prompt_ids]
+
+    def completion_logps(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        *,
+        reference: bool = False,
+    ) -> torch.Tensor:
+        """(B, T) log-probs of each completion token after its prompt, without gradient, as TRL computes them.
+
+        Prompts left-padded, completions right-padded (TRL's output dict layout); logits divided by the sampling
+        temperature. `reference=True` uses the reference policy: TRL's `ref_model`, or for a PEFT model the "ref"
+        adapter (re-trained adapters) or the base model with the adapter disabled, as TRL's own reference does.
+        """
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        train = self.model.training
+        size = self.args.per_device_train_batch_size if train else self.args.per_device_eval_batch_size
+        model, scope = self.model, contextlib.nullcontext()
+        if reference:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            if self.ref_model is not None:
+                model = self.ref_model
+            elif is_peft_model(unwrapped):
+                scope = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+            else:
+                raise RuntimeError(
+                    "this trainer has no reference policy (beta=0 and no PEFT adapter): set beta > 0, or use an "
+                    "advantage estimator that declares `needs_log_ratio = True` so that one is built."
+                )
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            with scope, profiling_context(self, "completion_logps"):
+                logps, _, _ = self._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, completion_ids.size(1), batch_size=size
+                )
+        return logps
+
+    def add_rows(
+        self, batch: RolloutBatch, sources: list[int], prompt_ids: list[list[int]], prompts: list | None = None
+    ) -> RolloutBatch:
+        """Append training rows after scoring: row k repeats this process's scored row `sources[k]` after a new context.
+
+        The new row's completion is the source's (token ids, completion and tool masks, advantages, per-token loss
+        weights, dropped flag); its prompt is `prompt_ids[k]` (token ids, unpadded) and only its completion is in the
+        loss. No reward is computed and no group statistic changes: rewards and `batch.local(...)` still cover the
+        scored rows, which come first; `batch.added_from` lists the new rows' sources. Where TRL's output holds
+        log-probs of the old policy (`num_iterations > 1`, generation not aligned with optimizer steps, or vLLM
+        importance sampling) or of the reference (`beta != 0`), they are computed for the new context. A new row was
+        never sampled under its context, so its vLLM importance-sampling ratio is 1 and its sampling log-probs are
+        the policy's under the new context. `prompts` (default: the sources') are what the completions table shows.
+
+        In training, the rows are spread over TRL's micro-batches with the others (`steps_per_generation` equal
+        slices after a shuffle); the trainer pads the batch with out-of-loss filler rows to a multiple of
+        `steps_per_generation` and normalises per-row losses over the kept rows of the whole batch.
+        """
+        out = batch._output
+        carried = [key for key in _MULTIMODAL_KEYS if out.get(key) is not None]
+        if carried:
+            raise NotImplementedError(f"rows cannot be added to batches with images yet (TRL's output has {carried}).")
+        if len(sources) != len(prompt_ids):
+            raise ValueError(f"add_rows got {len(sources)} sources and {len(prompt_ids)} prompts; give one each.")
+        scored = batch.num_scored
+        if any(not 0 <= s < scored for s in sources):
+            raise ValueError(
+                f"add_rows: sources must be scored rows of this process (0..{scored - 1}), got {sources}."
+            )
+        if not sources:
+            return batch
+        device = out["completion_ids"].device
+        src = torch.tensor(sources, dtype=torch.long, device=device)
+        rows = out["completion_ids"].size(0)
+        pad = self._tokenizer.pad_token_id
+        width = max(out["prompt_ids"].size(1), max(len(ids) for ids in prompt_ids))
+        new_ids = torch.full((len(sources), width), pad, dtype=out["prompt_ids"].dtype, device=device)
+        new_mask = torch.zeros((len(sources), width), dtype=out["prompt_mask"].dtype, device=device)
+        for k, ids in enumerate(prompt_ids):
+            if ids:
+                new_ids[k, width - len(ids) :] = torch.tensor(ids, dtype=new_ids.dtype, device=device)
+                new_mask[k, width - len(ids) :] = 1
+        completion_ids, completion_mask = out["completion_ids"][src], out["completion_mask"][src]
+        logps = {}
+        if out.get("old_per_token_logps") is not None:
+            logps["old_per_token_logps"] = self.completion_logps(new_ids, new_mask, completion_ids, completion_mask)
+        if out.get("ref_per_token_logps") is not None:
+            logps["ref_per_token_logps"] = self.completion_logps(
+                new_ids, new_mask, completion_ids, completion_mask, reference=True
+            )
+        for key, value in list(out.items()):
+            if key in ("prompt_ids", "prompt_mask"):
+                new = new_ids if key == "prompt_ids" else new_mask
+                out[key] = torch.cat([_pad(value, width, pad if key == "prompt_ids" else 0, left=True), new])
+            elif not isinstance(value, torch.Tensor) or value.dim() == 0:
+                if key not in ("num_items_in_batch", KEPT_TOTAL):
+                    raise NotImplementedError(f"add_rows cannot extend TRL's output {key!r} ({type(value).__name__}).")
+            elif value.size(0) != rows:
+                raise NotImplementedError(
+                    f"add_rows cannot extend TRL's output {key!r} of shape {tuple(value.shape)}."
+                )
+            elif key in logps:
+                out[key] = torch.cat([value, logps[key].to(value.dtype)])
+            elif key == "importance_sampling_ratio":
+                out[key] = torch.cat([value, torch.ones_like(value[src])])
+            elif key == "sampling_per_token_logps" and "old_per_token_logps" in logps:
+                out[key] = torch.cat([value, logps["old_per_token_logps"].to(value.dtype)])
+            else:
+                out[key] = torch.cat([value, value[src]])
+        for name in ("loss_advantages", "loss_weights", "dropped", "segment_ids"):
+            value = getattr(batch, name)
+            if value is not None:
+                setattr(batch, name, torch.cat([value, value[src.to(value.device)]]))
+        if batch.owners is not None:
+            own = torch.arange(rows, rows + len(sources), device=batch.owners.device).unsqueeze(1)
+            mine = torch.where(completion_mask.to(own.device).bool(), own, torch.full_like(own, -1))
+            batch.owners = torch.cat([batch.owners, mine.expand(-1, batch.owners.size(1))])
+        new_prompts = list(prompts) if prompts is not None else [batch.prompts[s] for s in sources]
+        batch.prompts.extend(new_prompts)
+        batch.completions.extend(batch.completions[s] for s in sources)
+        for values in (*batch.columns.values(), *batch.notes.values()):
+            values.extend([values[s] for s in sources])
+        batch.completion_ids, batch.completion_mask = out["completion_ids"], out["completion_mask"]
+        batch.tool_mask, batch.advantages = out.get("tool_mask"), out["advantages"]
+        batch.old_per_token_logps, batch.ref_per_token_logps = (
+            out.get("old_per_token_logps"),
+            out.get("ref_per_token_logps"),
+        )
+        batch.added_from.extend(sources)
+        return batch
+
+    def _seq_log_ratio(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N,) per completion, sum over its loss tokens of log pi_theta - log pi_ref (the sampling policy's)."""
+        out = batch._output
+        args = (out["prompt_ids"], out["prompt_mask"], out["completion_ids"], out["completion_mask"])
+        policy = out.get("old_per_token_logps")
+        policy = self.completion_logps(*args) if policy is None else policy
+        ref = out.get("ref_per_token_logps")
+        ref = self.completion_logps(*args, reference=True) if ref is None else ref
+        ratio = ((policy - ref) * batch.loss_mask).sum(dim=1)
+        return self.accelerator.gather(ratio)
+
     def score_rows(self, rows: list[dict], until: Extension | None = None) -> RolloutBatch:
         """Generate and score `rows` (whole groups, TRL's order) through the pipeline; returns the scored batch.
 
@@ -395,6 +588,8 @@ class GRPOExtTrainer(GRPOTrainer):
         try:
             out = super()._generate_and_score_completions(plan.rows)
             batch = self._scored_batch(plan, out, self._rollout, self._scores)
+            if getattr(self.advantage_estimator, "needs_log_ratio", False):
+                batch.seq_log_ratio = self._seq_log_ratio(batch)
             if self.advantage_estimator is not trl_group:
                 name = getattr(self.advantage_estimator, "__name__", repr(self.advantage_estimator))
                 result = self.advantage_estimator(batch)
@@ -406,6 +601,8 @@ class GRPOExtTrainer(GRPOTrainer):
                 if until is not None and (extension is until or extension.order >= until.order):
                     continue
                 extension.after_scoring(batch)
+            for name, value in batch.metrics.items():
+                self.log_metric(name, value, mode)
         finally:
             self._plan, self._rollout, self._scores = saved
         return batch
@@ -569,11 +766,16 @@ class GRPOExtTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         # Seam: GRPOTrainer._compute_loss(model, inputs) -> loss. Dropped rows have an all-zero loss mask, so they add
-        # nothing to any loss; the per-row losses still divide by all rows of the micro-batch: rescale to the kept.
+        # nothing to any loss; the per-row losses still divide by the n rows of the micro-batch (grpo, sapo, luspo:
+        # mean over rows; dr_grpo: rows * max_completion_length), then by the accumulation steps, and DDP averages
+        # over processes. Rescaled by n * slices * processes / K, the sum over a generation batch's slices and
+        # processes is the mean over its K kept rows: exact when slices differ in kept rows, or processes in rows.
         loss = super()._compute_loss(model, inputs)
         kept = inputs.get(KEPT_ROWS)
-        if kept is not None and self.loss_type in ROW_NORMALISED_LOSSES and kept.sum() > 0:
-            loss = loss * (kept.numel() / kept.sum())
+        if kept is not None and self.loss_type in ROW_NORMALISED_LOSSES:
+            slices = self.args.steps_per_generation if self.model.training else 1
+            total = inputs[KEPT_TOTAL].clamp(min=1.0)
+            loss = loss * (kept.numel() * slices * self.accelerator.num_processes / total)
         return loss
 
     def _save_checkpoint(self, model, trial):
@@ -642,25 +844,48 @@ class GRPOExtTrainer(GRPOTrainer):
         return batch
 
     def _trl_output(self, batch: RolloutBatch) -> dict:
-        """TRL's output dict with the batch's advantages, loss weights and dropped rows written in."""
+        """TRL's output dict with the batch's advantages, loss weights, dropped and added rows written in."""
         out = batch._output
-        if batch.loss_advantages is None and batch.loss_weights is None and batch.dropped is None:
+        added = bool(batch.added_from)
+        if batch.loss_advantages is None and batch.loss_weights is None and batch.dropped is None and not added:
             return out
+        if added and batch.mode == "train":
+            self._pad_to_micro_batches(batch)
         advantages = batch.current_advantages.clone()
         out["advantages"] = advantages
-        if batch.loss_weights is not None or batch.dropped is not None:
+        if batch.loss_weights is not None or batch.dropped is not None or added:
             mask = out.get("tool_mask")
             mask = torch.ones_like(out["completion_mask"]) if mask is None else mask
             mask = mask * (batch.loss_weights if batch.loss_weights is not None else 1)
-            if batch.dropped is not None and bool(batch.dropped.any()):
-                dropped = batch.dropped.to(mask.device)
+            dropped = batch.dropped
+            if dropped is not None and bool(dropped.any()):
+                dropped = dropped.to(mask.device)
                 mask = mask * (~dropped).unsqueeze(1)
                 advantages[dropped] = 0.0
-                out[KEPT_ROWS] = (~dropped).float()
+            if (dropped is not None and bool(dropped.any())) or added:
+                kept = torch.ones(mask.size(0), device=mask.device) if dropped is None else (~dropped).float()
+                out[KEPT_ROWS] = kept
+                out[KEPT_TOTAL] = self.accelerator.gather(kept.sum().reshape(1)).sum()
             out["tool_mask"] = mask
             out["num_items_in_batch"] = self.accelerator.gather((out["completion_mask"] * mask).sum()).sum()
-        self._log_row_advantages(advantages, out["completion_mask"] * out.get("tool_mask", 1))
+        scored = batch.num_scored
+        self._log_row_advantages(advantages[:scored], (out["completion_mask"] * out.get("tool_mask", 1))[:scored])
         return out
+
+    def _pad_to_micro_batches(self, batch: RolloutBatch) -> None:
+        # TRL's `_prepare_inputs` splits the generation batch into `steps_per_generation` slices of rows // spg rows
+        # (`split_tensor_dict`), losing the rest: filler rows (copies of row 0, out of the loss) fill the last slice.
+        chunks = self.args.steps_per_generation
+        missing = -batch.completion_ids.size(0) % chunks
+        if not missing:
+            return
+        out = batch._output
+        ids = out["prompt_ids"][0][out["prompt_mask"][0].bool()].tolist()
+        self.add_rows(batch, [0] * missing, [ids] * missing)
+        filler = torch.zeros(batch.completion_ids.size(0), dtype=torch.bool, device=batch.completion_ids.device)
+        filler[-missing:] = True
+        batch.drop_rows(filler)
+        self.log_metric("added_rows/filler", missing)
 
     def _log_row_advantages(self, advantages: torch.Tensor, mask: torch.Tensor) -> None:
         # TRL logged its own advantages into the completions table; replace them with the ones the loss will use.

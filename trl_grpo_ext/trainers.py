@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .config import GRPOExtConfig, ProRLConfig, PTAGRPOConfig
+from .config import BiCCGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig
+from .methods.bicc import check_bicc_config
 from .methods.curriculum import check_schedule
 from .methods.prorl import ProRLResetCallback
 from .methods.pta import PlanValueReward
@@ -129,4 +130,24 @@ class TreeOPOTrainer(GRPOExtTrainer):
             from .data.trees import questions_dataset
 
             kwargs["train_dataset"] = questions_dataset(args.prefix_trees)
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+
+
+class BiCCGRPOTrainer(GRPOExtTrainer):
+    """BiCC (arXiv 2603.13134): groups with both right and wrong answers also train each answer after an opposite one.
+
+    The pairing, the context and the metrics are `trl_grpo_ext.methods.bicc.BiCC`'s. This trainer switches it on
+    (`BiCCGRPOConfig`, or `bicc=True` on your `GRPOExtConfig`); combine it with `advantage_estimator="rcc"` for the
+    paper's reward-confidence-corrected baseline. Without `reward_funcs`: `accuracy` (the correctness it reads).
+    """
+
+    def __init__(self, model, reward_funcs=None, args: GRPOExtConfig | None = None, *pos, **kwargs):
+        args = args if args is not None else BiCCGRPOConfig(output_dir="BiCC-GRPO")
+        if not isinstance(args, GRPOExtConfig):
+            raise TypeError(f"BiCCGRPOTrainer needs a GRPOExtConfig for its bicc fields, got {type(args).__name__}.")
+        if not args.bicc:
+            args.bicc = True
+            check_bicc_config(args)
+        if reward_funcs is None:
+            reward_funcs = [get_reward("accuracy")]
         super().__init__(model, reward_funcs, args, *pos, **kwargs)

@@ -3,7 +3,9 @@
 An estimator maps a scored batch to advantages: `fn(batch: RolloutBatch) -> Tensor` of shape (B,) (one advantage
 per completion, as in GRPO) or (B, T) (one per completion token), for this process's rows. It may instead return
 `(advantages, loss_weights)` where `loss_weights` is a (B, T) float tensor multiplied into the loss mask (0 removes
-a token from the loss, and from the token count that normalises it).
+a token from the loss, and from the token count that normalises it). An estimator with `needs_log_ratio = True`
+(RCC) gets `batch.seq_log_ratio`, the sequence log-ratio to the reference, computed by the trainer; scalars it puts
+in `batch.metrics` are logged.
 
 >>> from trl_grpo_ext import register_advantage
 >>> @register_advantage("centred")  # doctest: +SKIP
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from ..registry import Registry
 from .group import group_advantages, trl_group
 from .plan import plan_values
+from .rcc import rcc, rcc_advantages
 from .segment import segment_reward_advantages
 from .staged import constraint_satisfaction, sae_project, staged_advantages, tree_order_pairs
 from .tree import tree_estimator, tree_token_advantages
@@ -42,6 +45,7 @@ def list_advantages() -> list[str]:
 
 register_advantage("group", trl_group)
 register_advantage("tree", tree_estimator)
+register_advantage("rcc", rcc)
 
 __all__ = [
     "ADVANTAGES",
@@ -54,6 +58,7 @@ __all__ = [
     "tree_estimator",
     "segment_reward_advantages",
     "plan_values",
+    "rcc_advantages",
     "staged_advantages",
     "sae_project",
     "tree_order_pairs",

@@ -3,6 +3,6 @@
 Importing a module registers its method (`trl_grpo_ext.extension.list_methods()`); `trl_grpo_ext` imports them all.
 """
 
-from . import arpo, curriculum, dynamic_sampling, prefixes, prorl, pta, segments, tree_opo
+from . import arpo, bicc, curriculum, dynamic_sampling, prefixes, prorl, pta, segments, tree_opo
 
-__all__ = ["arpo", "curriculum", "dynamic_sampling", "prefixes", "prorl", "pta", "segments", "tree_opo"]
+__all__ = ["arpo", "bicc", "curriculum", "dynamic_sampling", "prefixes", "prorl", "pta", "segments", "tree_opo"]
