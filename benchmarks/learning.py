@@ -12,6 +12,8 @@ the completion tokens it generated, and the numbers each method exists for:
 - pta: after a cold start on plan-formatted answers (for both PTA and its GRPO baseline), plans closed and the
   tokens generated against sampling every row independently;
 - segments: ARPO branching with the calculator tool after a tool-format cold start (both arms), the tool-call rate;
+- bicc: rows conditioned on an opposite answer in mixed groups, the rows added and the wall time against GRPO's;
+- rcc: the reward-confidence-corrected baseline, the size of its correction;
 - tree_opo: groups of 4 prefixes of the shipped scripted-teacher trees (`trl_grpo_ext.data.trees.SAMPLE_TREES`, one
   per training problem) at mixed depths, staged advantages; the variance of the advantages against GRPO's.
 
@@ -23,7 +25,7 @@ the summary says which, or neither. Results: `<out>/<method>.json` and `<out>/<m
 and against generated tokens, the method's own metric beside), and one table printed at the end (docs/results.md).
 
 Run (about 5 to 12 minutes per method and baseline on 2 CPU cores; segments about 35, its tool evaluation is slow):
-    python benchmarks/learning.py --methods dynamic_sampling curriculum curriculum_cap prorl pta segments tree_opo
+    python benchmarks/learning.py --methods dynamic_sampling curriculum curriculum_cap prorl pta segments tree_opo bicc rcc
     python benchmarks/learning.py --methods curriculum --steps 20 --eval-every 5 --out /tmp/learning
 """
 
@@ -162,6 +164,11 @@ def arms(method: str, model: str, tokenizer, out: Path, steps: int):
     if method == "tree_opo":  # the trees' questions are the 40 training problems: the same rows as GRPO's
         trees = {"prefix_trees": SAMPLE_TREES, "reward_weights": TASK_REWARD_WEIGHTS}
         return model, grpo, (TreeOPOTrainer, TreeOPOConfig, trees, {**rewards, "train_dataset": "trees"})
+    if method == "bicc":  # the same rewards; correct = the task's correctness reward
+        bicc = {**grpo[2], "bicc": True, "bicc_reward": "last_integer"}
+        return model, grpo, (GRPOExtTrainer, GRPOExtConfig, bicc, rewards)
+    if method == "rcc":  # the same rewards; the baseline corrected by Cov(r, log-ratio to the start model)
+        return model, grpo, (GRPOExtTrainer, GRPOExtConfig, {**grpo[2], "advantage_estimator": "rcc"}, rewards)
     raise SystemExit(f"unknown method {method!r}")
 
 
@@ -234,6 +241,18 @@ def own_metric(method: str, runs: dict) -> str:
             k: sum(s.get("tools/call_frequency", 0) for s in r["steps"]) / len(r["steps"]) for k, r in runs.items()
         }
         return f"tool calls per completion {rate['grpo']:.2f} (GRPO) vs {rate[method]:.2f}"
+    if method == "bicc":
+        steps = runs[method]["steps"]
+        added = sum(s.get("bicc/rows_added", 0) for s in steps) / len(steps)
+        mixed = sum(s.get("bicc/mixed_groups", 0) for s in steps) / len(steps)
+        seconds = runs[method]["seconds"] / runs["grpo"]["seconds"]
+        return (f"mixed groups {mixed:.2f}, conditioned rows added {added:.1f} per step (to 8 sampled); "
+                f"wall time {seconds:.2f}x GRPO's")  # fmt: skip
+    if method == "rcc":
+        steps = runs[method]["steps"]
+        shift = sum(s.get("rcc/baseline_shift", 0) for s in steps) / len(steps)
+        ratio = sum(abs(s.get("rcc/log_ratio", 0)) for s in steps) / len(steps)
+        return f"mean |2 Cov(r, delta)| {shift:.3f} per group; mean |log-ratio to the reference| {ratio:.2f}"
     return ""
 
 
@@ -279,7 +298,17 @@ def main():
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=["dynamic_sampling", "curriculum", "curriculum_cap", "prorl", "pta", "segments", "tree_opo"],
+        default=[
+            "dynamic_sampling",
+            "curriculum",
+            "curriculum_cap",
+            "prorl",
+            "pta",
+            "segments",
+            "tree_opo",
+            "bicc",
+            "rcc",
+        ],
     )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--eval-every", type=int, default=6)

@@ -89,3 +89,11 @@ def test_tree_opo_example_trains_from_prefixes(tmp_path, extra):
     else:  # the shipped trees: 4 prefixes per group at depths 0, 1, 2, 2
         assert depths == [1.25] * 4
     assert all(s == 1.0 for s in satisfied)
+
+
+@pytest.mark.parametrize("extra", [[], ["--pairing", "all", "--no-rcc"]], ids=["random_rcc", "all_pairs"])
+def test_bicc_example_adds_conditioned_rows(tmp_path, extra):
+    stdout = run_example("bicc.py", tmp_path / "out", *extra)
+    # The stand-in correctness alternates, so both groups of each step are mixed; one random opposite per row adds 8
+    # rows, all pairs (2 x 2 x 2 per group, capped at the group size 4) add 8 too.
+    assert "mixed groups 1.00; conditioned rows added per step 8.0" in stdout

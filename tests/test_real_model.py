@@ -266,3 +266,28 @@ def test_tree_opo_builds_trees_with_the_model_itself_then_trains(real_path, real
         ids = _ids(real_tokenizer, prefix + "\n") if prefix else []
         prompt = batch._output["prompt_ids"][row][batch._output["prompt_mask"][row].bool()].tolist()
         assert prompt[len(prompt) - len(ids) :] == ids  # the prefix is context, on a real vocabulary too
+
+
+def test_bicc_with_rcc_trains_two_steps_on_a_real_vocabulary(real_path, real_tokenizer, tmp_path):
+    from trl_grpo_ext import BiCCGRPOConfig, BiCCGRPOTrainer
+
+    args = make_config(tmp_path, BiCCGRPOConfig, max_completion_length=24, learning_rate=1e-4, max_steps=2,
+                       temperature=1.0, per_device_train_batch_size=8, reward_weights=TASK_REWARD_WEIGHTS,
+                       bicc_reward="last_integer", advantage_estimator="rcc")  # fmt: skip
+    trainer = BiCCGRPOTrainer(model=real_path, reward_funcs=TASK_REWARDS, args=args, train_dataset=addition_dataset(),
+                              processing_class=real_tokenizer)  # fmt: skip
+    assert trainer.ref_model is not None and trainer.beta == 0.0  # RCC's reference, built at beta 0
+    logs = _train(trainer)
+    assert len(logs) == 2 and all("bicc/rows_added" in log and "rcc/covariance" in log for log in logs)
+    batch = trainer.last_batch
+    out = batch._output
+    correct = batch.rewards_per_func[:, 0].view(-1, 4)
+    mixed = ((correct.amax(1) >= 0.5) & (correct.amin(1) < 0.5)).repeat_interleave(4)
+    assert len(batch.added_from) == int(mixed.sum()) and all(bool(mixed[s]) for s in batch.added_from)
+    for k, source in enumerate(batch.added_from):
+        row = batch.num_scored + k
+        text = real_tokenizer.decode(out["prompt_ids"][row][out["prompt_mask"][row].bool()])
+        # SmolLM2's template: the opposite answer sits inside the user turn, before the assistant's.
+        user, assistant = text.rsplit("<|im_start|>assistant", 1)
+        assert batch.prompts[source][-1]["content"] in user and "for comparison:" in user and assistant == "\n"
+        assert torch.equal(out["completion_ids"][row], out["completion_ids"][source])

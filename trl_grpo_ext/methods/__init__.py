@@ -3,6 +3,7 @@
 Importing a module registers its method (`trl_grpo_ext.extension.list_methods()`); `trl_grpo_ext` imports them all.
 """
 
-from . import arpo, bicc, curriculum, dynamic_sampling, prefixes, prorl, pta, segments, tree_opo
+from . import arpo, curriculum, dynamic_sampling, prefixes, prorl, pta, segments, tree_opo  # noqa: I001
+from . import bicc  # registered last: the methods list keeps the order they were added in
 
 __all__ = ["arpo", "bicc", "curriculum", "dynamic_sampling", "prefixes", "prorl", "pta", "segments", "tree_opo"]
