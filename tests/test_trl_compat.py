@@ -99,3 +99,19 @@ def test_trainer_attributes(tiny_model_path, tokenizer, tmp_path):
     missing = [name for name in TRL_ATTRIBUTES if not hasattr(trainer, name)]
     assert not missing, f"GRPOTrainer no longer sets {missing}. {HINT}"
     assert "advantages" in trainer._logs, f"GRPOTrainer._logs has no 'advantages' column. {HINT}"
+
+
+def test_added_rows_are_split_into_equal_slices_and_a_reference_needs_beta():
+    # `add_rows`: TRL slices a generation batch into `steps_per_generation` slices of rows // spg rows (the trainer
+    # pads to a multiple); RCC's reference at beta = 0 relies on TRL building one exactly when beta != 0.
+    from trl.trainer import utils
+
+    split = inspect.getsource(utils.split_tensor_dict)
+    assert "chunk_size = first_tensor.shape[0] // num_chunks" in split, f"split_tensor_dict slices differently. {HINT}"
+    assert "split_tensor_dict(generation_batch, self.args.steps_per_generation)" in _source("_prepare_inputs"), (
+        f"_prepare_inputs no longer splits the generation batch into steps_per_generation slices. {HINT}"
+    )
+    init = inspect.getsource(GRPOTrainer.__init__)
+    assert "if self.beta == 0.0:" in init and "self.ref_model = None" in init, (
+        f"GRPOTrainer.__init__ no longer builds the reference exactly when beta != 0 (RCC's reference). {HINT}"
+    )
