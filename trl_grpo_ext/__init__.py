@@ -3,7 +3,7 @@
 from . import tasks as tasks  # registers the built-in task's rewards (last_integer, brevity)
 from .advantages import get_advantage, list_advantages, register_advantage
 from .batch import RolloutBatch
-from .config import BiCCGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig, TreeOPOConfig
+from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig, TreeOPOConfig
 from .extension import Extension, Method, TrainerInputs, get_method, list_methods, register_method
 from .methods.curriculum import TokenBudgetCurriculum
 from .methods.prorl import ProRLResetCallback
@@ -14,6 +14,7 @@ from .trainer import GRPOExtTrainer
 from .trainers import (
     BiCCGRPOTrainer,
     CurriculumGRPOTrainer,
+    DraftGRPOTrainer,
     ProRLTrainer,
     PTAGRPOTrainer,
     SegmentGRPOTrainer,
@@ -38,6 +39,8 @@ __all__ = [
     "TreeOPOTrainer",
     "BiCCGRPOConfig",
     "BiCCGRPOTrainer",
+    "DraftGRPOConfig",
+    "DraftGRPOTrainer",
     "Extension",
     "TrainerInputs",
     "Method",

@@ -68,10 +68,9 @@ TASK_METHODS = {
         "pta_outcome_reward": "last_integer",
     },
     "curriculum": {"budget_start": 24, "budget_end": 8, "budget_decays": 2, "budget_caps_generation": True},
-    "tree_opo": {"prefix_trees": SAMPLE_TREES},
-    "bicc": {
-        "bicc_reward": "last_integer"
-    },  # the task's correctness reward  # the shipped scripted-teacher trees of the 40 training additions
+    "tree_opo": {"prefix_trees": SAMPLE_TREES},  # the shipped scripted-teacher trees of the 40 training additions
+    "bicc": {"bicc_reward": "last_integer"},  # the task's correctness reward
+    "drafts": {"draft_reward": "last_integer"},  # scores the drafts, as it scores the answers
 }
 TASK_REWARDS = {"curriculum": (["last_integer", "budget_length"], [1.0, 0.5]), "pta": (None, None)}
 # What makes a run on the tiny model take seconds on a CPU; `--tiny` puts it over a recipe's values (flags still win).

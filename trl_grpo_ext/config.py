@@ -9,6 +9,7 @@ from trl import GRPOConfig
 from .methods.arpo import ARPOConfig
 from .methods.bicc import BiCCConfig
 from .methods.curriculum import CurriculumConfig
+from .methods.drafts import DraftConfig
 from .methods.dynamic_sampling import DynamicSamplingConfig
 from .methods.prefixes import PrefixColumnsConfig
 from .methods.pta import PTAConfig
@@ -24,6 +25,7 @@ SECTIONS = (
     ARPOConfig,
     TreeOPOConfigSection,
     BiCCConfig,
+    DraftConfig,
 )
 
 
@@ -144,3 +146,14 @@ class BiCCGRPOConfig(GRPOExtConfig):
     opposite answer per row, cut to 40% of the context budget. Every field can still be set."""
 
     bicc: bool = field(default=True, metadata={"help": "Add rows conditioned on an opposite answer (BiCC)."})
+
+
+@dataclass
+class DraftGRPOConfig(GRPOExtConfig):
+    r"""`GRPOExtConfig` with draft-conditioned RL switched on, as self-refinement (ThinkTwice, arXiv 2604.01591):
+    generation batches alternate solving and refining the policy's own drafts (one fresh draft per problem, plus its
+    earlier answers in the store). For mismatched wrong drafts (arXiv 2605.17314) set `draft_source="model"`,
+    `draft_model`, `draft_match="mismatched"`, `draft_keep="wrong"` and `loss_type="dr_grpo"`. Every field can be set."""
+
+    draft_source: str | None = field(default="self", metadata={"help": "Drafts from 'column', 'model' or 'self'."})
+    draft_mode: str = field(default="alternate", metadata={"help": "'refine', 'alternate' (solve/refine) or 'mix'."})

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from .config import BiCCGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig
+from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig
 from .methods.bicc import check_bicc_config
 from .methods.curriculum import check_schedule
+from .methods.drafts import check_draft_config
 from .methods.prorl import ProRLResetCallback
 from .methods.pta import PlanValueReward
 from .rewards import get_reward
@@ -148,6 +149,27 @@ class BiCCGRPOTrainer(GRPOExtTrainer):
         if not args.bicc:
             args.bicc = True
             check_bicc_config(args)
+        if reward_funcs is None:
+            reward_funcs = [get_reward("accuracy")]
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+
+
+class DraftGRPOTrainer(GRPOExtTrainer):
+    """Draft-conditioned RL: groups answer a problem with drafts shown before it (the policy's own, a second model's,
+    or a dataset column's), matched or mismatched, and learn to improve on them; evaluation shows none.
+
+    The sources, the selection and the metrics are `trl_grpo_ext.methods.drafts.Drafts`'s. This trainer switches it
+    on (`DraftGRPOConfig`: self-refinement, alternating solve and refine batches; or `draft_source` on your
+    `GRPOExtConfig`). Without `reward_funcs`: `accuracy` (which also scores the drafts).
+    """
+
+    def __init__(self, model, reward_funcs=None, args: GRPOExtConfig | None = None, *pos, **kwargs):
+        args = args if args is not None else DraftGRPOConfig(output_dir="Draft-GRPO")
+        if not isinstance(args, GRPOExtConfig):
+            raise TypeError(f"DraftGRPOTrainer needs a GRPOExtConfig for its draft fields, got {type(args).__name__}.")
+        if args.draft_source is None:
+            args.draft_source, args.draft_mode = "self", "alternate"
+            check_draft_config(args)
         if reward_funcs is None:
             reward_funcs = [get_reward("accuracy")]
         super().__init__(model, reward_funcs, args, *pos, **kwargs)

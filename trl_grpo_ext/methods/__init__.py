@@ -4,6 +4,18 @@ Importing a module registers its method (`trl_grpo_ext.extension.list_methods()`
 """
 
 from . import arpo, curriculum, dynamic_sampling, prefixes, prorl, pta, segments, tree_opo  # noqa: I001
-from . import bicc  # registered last: the methods list keeps the order they were added in
+from . import bicc  # registered after the first methods: the methods list keeps the order they were added in
+from . import drafts
 
-__all__ = ["arpo", "bicc", "curriculum", "dynamic_sampling", "prefixes", "prorl", "pta", "segments", "tree_opo"]
+__all__ = [
+    "arpo",
+    "bicc",
+    "curriculum",
+    "drafts",
+    "dynamic_sampling",
+    "prefixes",
+    "prorl",
+    "pta",
+    "segments",
+    "tree_opo",
+]

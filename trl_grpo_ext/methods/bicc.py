@@ -134,11 +134,16 @@ def reward_names(reward_funcs) -> list[str]:
     return names
 
 
-def correctness_column(reward_funcs, name: str | None) -> int:
-    """The index of the reward that says "correct": `name` (logged or registry name), else the one so marked."""
+def correctness_column(
+    reward_funcs, name: str | None, *, option: str = "bicc_reward", switch: str = "bicc=True"
+) -> int:
+    """The index of the reward that says "correct": `name` (logged or registry name), else the one so marked.
+
+    `option` and `switch` name the config field that gives `name` and the setting that needs it, in the errors.
+    """
     names = reward_names(reward_funcs)
     if not reward_funcs:
-        raise ValueError("bicc=True needs reward_funcs with a correctness reward (e.g. ['accuracy']).")
+        raise ValueError(f"{switch} needs reward_funcs with a correctness reward (e.g. ['accuracy']).")
     if name is not None:
         if name in names:
             return names.index(name)
@@ -148,7 +153,7 @@ def correctness_column(reward_funcs, name: str | None) -> int:
                 if reward is function:
                     return i
         raise ValueError(
-            f"bicc_reward={name!r} is not one of this trainer's rewards {names}; give the name a reward is logged "
+            f"{option}={name!r} is not one of this trainer's rewards {names}; give the name a reward is logged "
             "under (rewards/<name>/mean) or its registry name, and add that reward to reward_funcs."
         )
     marked = [
@@ -157,8 +162,8 @@ def correctness_column(reward_funcs, name: str | None) -> int:
     if len(marked) != 1:
         what = "no reward is" if not marked else f"{len(marked)} rewards ({[names[i] for i in marked]}) are"
         raise ValueError(
-            f"bicc=True reads correctness from one reward, and {what} marked as correctness among {names}; set "
-            "bicc_reward to the one that says whether an answer is right."
+            f"{switch} reads correctness from one reward, and {what} marked as correctness among {names}; set "
+            f"{option} to the one that says whether an answer is right."
         )
     return marked[0]
 
