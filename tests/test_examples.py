@@ -97,3 +97,12 @@ def test_bicc_example_adds_conditioned_rows(tmp_path, extra):
     # The stand-in correctness alternates, so both groups of each step are mixed; one random opposite per row adds 8
     # rows, all pairs (2 x 2 x 2 per group, capped at the group size 4) add 8 too.
     assert "mixed groups 1.00; conditioned rows added per step 8.0" in stdout
+
+
+@pytest.mark.parametrize("extra", [[], ["--source", "model", "--mismatched-wrong", "--mode", "refine"]],
+                         ids=["self_alternate", "model_mismatched_wrong"])  # fmt: skip
+def test_drafts_example_refines(tmp_path, extra):
+    stdout = run_example("drafts.py", tmp_path / "out", *extra)
+    # 4 steps: alternate solves at steps 1 and 3 and refines at 2 and 4; refine mode refines every step.
+    assert ("refine steps 2 of 4" if not extra else "refine steps 4 of 4") in stdout
+    assert f"saved to {tmp_path / 'out'}" in stdout

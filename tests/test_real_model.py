@@ -291,3 +291,25 @@ def test_bicc_with_rcc_trains_two_steps_on_a_real_vocabulary(real_path, real_tok
         user, assistant = text.rsplit("<|im_start|>assistant", 1)
         assert batch.prompts[source][-1]["content"] in user and "for comparison:" in user and assistant == "\n"
         assert torch.equal(out["completion_ids"][row], out["completion_ids"][source])
+
+
+def test_self_refinement_trains_two_steps_on_a_real_vocabulary(real_path, real_tokenizer, tmp_path):
+    from trl_grpo_ext import DraftGRPOConfig, DraftGRPOTrainer
+
+    args = make_config(tmp_path, DraftGRPOConfig, max_completion_length=24, learning_rate=1e-4, max_steps=2,
+                       temperature=1.0, per_device_train_batch_size=8, reward_weights=[1.0, 0.2],
+                       draft_reward="last_integer", draft_max_new_tokens=16)  # fmt: skip
+    trainer = DraftGRPOTrainer(model=real_path, reward_funcs=["last_integer", "draft_copy_penalty:n=2"], args=args,
+                               train_dataset=addition_dataset(), processing_class=real_tokenizer)  # fmt: skip
+    logs = _train(trainer)
+    assert [log["drafts/refine_fraction"] for log in logs] == [0.0, 1.0]  # solve, then refine its own drafts
+    batch, out = trainer.last_batch, trainer.last_batch._output
+    for row in range(batch.num_scored):
+        (draft,) = batch.columns["drafts"][row]
+        text = real_tokenizer.decode(out["prompt_ids"][row][out["prompt_mask"][row].bool()])
+        user, assistant = text.rsplit(
+            "<|im_start|>assistant", 1
+        )  # the draft sits in the user turn, before the question
+        assert draft.strip() and user.index(draft.strip()) < user.index("Problem: What is") and assistant == "\n"
+        assert len(real_tokenizer(draft, add_special_tokens=False)["input_ids"]) <= 24
+    assert trainer.extension("drafts").store.pool()
