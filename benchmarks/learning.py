@@ -14,6 +14,9 @@ the completion tokens it generated, and the numbers each method exists for:
 - segments: ARPO branching with the calculator tool after a tool-format cold start (both arms), the tool-call rate;
 - bicc: rows conditioned on an opposite answer in mixed groups, the rows added and the wall time against GRPO's;
 - rcc: the reward-confidence-corrected baseline, the size of its correction;
+- drafts: self-refinement (solve and refine batches alternate, the policy's own drafts); drafts_mismatched: wrong
+  drafts of other problems written by the frozen start model, Dr. GRPO in both arms. Draft tokens count as
+  generated; held-out questions are asked bare (no draft), as the papers test;
 - tree_opo: groups of 4 prefixes of the shipped scripted-teacher trees (`trl_grpo_ext.data.trees.SAMPLE_TREES`, one
   per training problem) at mixed depths, staged advantages; the variance of the advantages against GRPO's.
 
@@ -25,7 +28,8 @@ the summary says which, or neither. Results: `<out>/<method>.json` and `<out>/<m
 and against generated tokens, the method's own metric beside), and one table printed at the end (docs/results.md).
 
 Run (about 5 to 12 minutes per method and baseline on 2 CPU cores; segments about 35, its tool evaluation is slow):
-    python benchmarks/learning.py --methods dynamic_sampling curriculum curriculum_cap prorl pta segments tree_opo bicc rcc
+    python benchmarks/learning.py --methods dynamic_sampling curriculum curriculum_cap prorl pta segments tree_opo bicc rcc \
+        drafts drafts_mismatched
     python benchmarks/learning.py --methods curriculum --steps 20 --eval-every 5 --out /tmp/learning
 """
 
@@ -39,6 +43,8 @@ from pathlib import Path
 from transformers import AutoTokenizer, TrainerCallback
 
 from trl_grpo_ext import (
+    DraftGRPOConfig,
+    DraftGRPOTrainer,
     GRPOExtConfig,
     GRPOExtTrainer,
     ProRLResetCallback,
@@ -65,7 +71,8 @@ def step_tokens(logs: dict, rows: int) -> float:
     """The completion tokens one step generated, from its logged metrics."""
     if "pta/generated_tokens" in logs:
         return logs["pta/generated_tokens"]
-    return logs.get("completions/mean_length", 0.0) * rows - logs.get("arpo/generated_tokens_saved", 0.0)
+    drafts = logs.get("drafts/generated_tokens", 0.0)  # drafts the policy (or the draft model) wrote for the batch
+    return logs.get("completions/mean_length", 0.0) * rows - logs.get("arpo/generated_tokens_saved", 0.0) + drafts
 
 
 class Trace(TrainerCallback):
@@ -169,6 +176,17 @@ def arms(method: str, model: str, tokenizer, out: Path, steps: int):
         return model, grpo, (GRPOExtTrainer, GRPOExtConfig, bicc, rewards)
     if method == "rcc":  # the same rewards; the baseline corrected by Cov(r, log-ratio to the start model)
         return model, grpo, (GRPOExtTrainer, GRPOExtConfig, {**grpo[2], "advantage_estimator": "rcc"}, rewards)
+    if method == "drafts":  # self-refinement: solve and refine batches alternate; held-out questions show no draft
+        drafts = {**grpo[2], "draft_source": "self", "draft_mode": "alternate", "draft_reward": "last_integer",
+                  "draft_max_new_tokens": 24}  # fmt: skip
+        return model, grpo, (DraftGRPOTrainer, DraftGRPOConfig, drafts, rewards)
+    if method == "drafts_mismatched":  # wrong drafts of other problems by the frozen start model; Dr. GRPO both arms
+        dr = {**grpo[2], "loss_type": "dr_grpo"}
+        mismatched = {**dr, "draft_source": "model", "draft_model": model, "draft_num": 2, "draft_mode": "refine",
+                      "draft_match": "mismatched", "draft_keep": "wrong", "draft_reward": "last_integer",
+                      "draft_max_new_tokens": 24, "draft_temperature": 1.0}  # fmt: skip
+        return model, (GRPOExtTrainer, GRPOExtConfig, dr, rewards), (DraftGRPOTrainer, DraftGRPOConfig, mismatched,
+                                                                     rewards)  # fmt: skip
     raise SystemExit(f"unknown method {method!r}")
 
 
@@ -248,6 +266,15 @@ def own_metric(method: str, runs: dict) -> str:
         seconds = runs[method]["seconds"] / runs["grpo"]["seconds"]
         return (f"mixed groups {mixed:.2f}, conditioned rows added {added:.1f} per step (to 8 sampled); "
                 f"wall time {seconds:.2f}x GRPO's")  # fmt: skip
+    if method.startswith("drafts"):
+        steps = [s for s in runs[method]["steps"] if s.get("drafts/refine_fraction", 0) > 0]
+        mean = {k: sum(s.get(f"drafts/{k}", 0) for s in steps) / max(len(steps), 1)
+                for k in ("refine_accuracy", "draft_accuracy", "improvement_rate", "copy_rate", "missing")}  # fmt: skip
+        solve = [s["drafts/solve_accuracy"] for s in runs[method]["steps"] if "drafts/solve_accuracy" in s]
+        return (f"refine steps {len(steps)}; train accuracy refining {mean['refine_accuracy']:.2f} (drafts shown "
+                f"{mean['draft_accuracy']:.2f} right), solving {sum(solve) / max(len(solve), 1):.2f}; improvement "
+                f"rate {mean['improvement_rate']:.2f}, copy rate {mean['copy_rate']:.2f}, groups without a draft "
+                f"{mean['missing']:.2f}")  # fmt: skip
     if method == "rcc":
         steps = runs[method]["steps"]
         shift = sum(s.get("rcc/baseline_shift", 0) for s in steps) / len(steps)
@@ -308,6 +335,8 @@ def main():
             "tree_opo",
             "bicc",
             "rcc",
+            "drafts",
+            "drafts_mismatched",
         ],
     )
     parser.add_argument("--steps", type=int, default=30)

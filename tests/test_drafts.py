@@ -270,3 +270,19 @@ def test_mix_and_dynamic_sampling_and_resume_state(tiny_model_path, tokenizer, t
     fresh.load_state_dict(state)
     assert fresh.store.pool() == extension.store.pool() and fresh.batches == extension.batches
     assert torch.equal(fresh._generator.get_state(), extension._generator.get_state())
+
+
+def test_plain_prompts_and_the_draft_rewards_train(tiny_model_path, tokenizer, tmp_path):
+    dataset = tiny_dataset(8, conversational=False)
+    dataset = dataset.add_column("draft", [["one", "two"]] * len(dataset))  # a list of drafts per problem
+    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, dataset,
+                       rewards=[parity, "draft_improvement:reward=last_integer", "draft_copy_penalty:n=2"],
+                       draft_source="column", draft_mode="refine", drafts_per_prompt=2, draft_keep="any",
+                       draft_template="{question}\n{drafts}\n", max_steps=2)  # fmt: skip
+    logs = _train(trainer)
+    assert all(log["drafts/refine_fraction"] == 1.0 for log in logs)
+    assert all("rewards/draft_improvement/mean" in log and "rewards/draft_copy_penalty/mean" in log for log in logs)
+    batch = trainer.last_batch
+    for row in range(batch.num_scored):
+        assert sorted(_shown(batch, row)) == ["one", "two"]
+        assert batch.prompts[row].endswith(format_drafts(_shown(batch, row)) + "\n")  # the template's order

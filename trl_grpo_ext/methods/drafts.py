@@ -439,7 +439,8 @@ class Drafts(Extension):
     `drafts/solve_accuracy` and `drafts/refine_accuracy` (correctness per mode), `drafts/draft_accuracy` (drafts
     shown that were correct for the row's problem), `drafts/improvement_rate` (refined rows scoring above every draft
     they were shown), `drafts/copy_rate` (refined rows that copy a draft), `drafts/missing` (groups chosen to refine
-    that no draft qualified for: they solve instead), `drafts/store_problems`.
+    that no draft qualified for: they solve instead), `drafts/store_problems`, `drafts/generated_tokens` (draft tokens
+    generated for the batch, by the policy or the draft model).
     """
 
     name = "drafts"
@@ -541,6 +542,7 @@ class Drafts(Extension):
             plan.note("draft_scores", [[] for _ in plan.rows])
             return
         g = plan.num_generations
+        self._generated = 0
         starts = list(range(0, len(plan.rows), g))
         keys = [problem_key(plan.rows[s], self.key_column) for s in starts]
         refining = self._refining(len(starts))
@@ -633,6 +635,7 @@ class Drafts(Extension):
                                             rows=rows)  # fmt: skip
         else:
             ids = self._model_generate(trainer.tokenize_prompts(prompts, rows=rows), cap)
+        self._generated += sum(len(row) for row in ids)
         texts = trainer.tokenizer.batch_decode(ids, skip_special_tokens=True)
         return [[t for t in texts[k * n : (k + 1) * n] if t.strip()] for k in range(len(starts))]
 
@@ -690,12 +693,14 @@ class Drafts(Extension):
                 sums["drafts"] += len(draft_scores)
                 sums["drafts_ok"] += sum(s is not None and s >= self.threshold for s in draft_scores)
         missing, groups = getattr(self, "_missing", (0, 0))
-        counts = torch.tensor([*sums.values(), missing, groups, scored], device=batch.completion_ids.device)
-        totals = dict(zip([*sums, "missing", "groups", "rows"], self.trainer.accelerator.gather(counts).view(-1,
+        counts = [*sums.values(), missing, groups, scored, getattr(self, "_generated", 0)]
+        counts = torch.tensor(counts, dtype=torch.float, device=batch.completion_ids.device)
+        totals = dict(zip([*sums, "missing", "groups", "rows", "generated"], self.trainer.accelerator.gather(counts).view(-1,
                       len(counts)).sum(0).tolist(), strict=True))  # fmt: skip
         self.log("refine_fraction", totals["refine"] / max(totals["rows"], 1), mode="train")
         self.log("missing", totals["missing"] / max(totals["groups"], 1), mode="train")
         self.log("store_problems", float(len(self.store)), mode="train")
+        self.log("generated_tokens", totals["generated"], mode="train")
         for phase in ("solve", "refine"):
             if totals[phase]:
                 self.log(f"{phase}_accuracy", totals[f"{phase}_ok"] / totals[phase], mode="train")
