@@ -16,7 +16,8 @@ the completion tokens it generated, and the numbers each method exists for:
 - rcc: the reward-confidence-corrected baseline, the size of its correction;
 - drafts: self-refinement (solve and refine batches alternate, the policy's own drafts); drafts_mismatched: wrong
   drafts of other problems written by the frozen start model, Dr. GRPO in both arms. Draft tokens count as
-  generated; held-out questions are asked bare (no draft), as the papers test;
+  generated; held-out questions are asked bare (no draft), as the papers test; drafts_no_brevity: self-refinement
+  with both arms on correctness alone;
 - tree_opo: groups of 4 prefixes of the shipped scripted-teacher trees (`trl_grpo_ext.data.trees.SAMPLE_TREES`, one
   per training problem) at mixed depths, staged advantages; the variance of the advantages against GRPO's.
 
@@ -180,6 +181,11 @@ def arms(method: str, model: str, tokenizer, out: Path, steps: int):
         drafts = {**grpo[2], "draft_source": "self", "draft_mode": "alternate", "draft_reward": "last_integer",
                   "draft_max_new_tokens": 24}  # fmt: skip
         return model, grpo, (DraftGRPOTrainer, DraftGRPOConfig, drafts, rewards)
+    if method == "drafts_no_brevity":  # the same, both arms on correctness alone (the brevity bonus left out)
+        plain = ({"reward_funcs": ["last_integer"]}, {"draft_source": "self", "draft_mode": "alternate",
+                 "draft_reward": "last_integer", "draft_max_new_tokens": 24})  # fmt: skip
+        return model, (GRPOExtTrainer, GRPOExtConfig, {}, plain[0]), (DraftGRPOTrainer, DraftGRPOConfig, plain[1],
+                                                                      plain[0])  # fmt: skip
     if method == "drafts_mismatched":  # wrong drafts of other problems by the frozen start model; Dr. GRPO both arms
         dr = {**grpo[2], "loss_type": "dr_grpo"}
         mismatched = {**dr, "draft_source": "model", "draft_model": model, "draft_num": 2, "draft_mode": "refine",
