@@ -247,7 +247,7 @@ def choose_drafts(keys: list[str], pool: list[Draft], *, match: str = "matched",
 
     >>> pool = [Draft("a", "1", 0.0, False), Draft("b", "2", 1.0, True), Draft("b", "3", 0.0, False)]
     >>> choose_drafts(["a", "b"], pool, match="mismatched", keep="wrong")
-    [[2], []]
+    [[2], [0]]
     """
     if match not in MATCHES or keep not in KEEPS:
         raise ValueError(f"match={match!r} must be one of {MATCHES} and keep={keep!r} one of {KEEPS}.")
