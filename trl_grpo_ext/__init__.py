@@ -6,6 +6,7 @@ from .batch import RolloutBatch
 from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig, TreeOPOConfig
 from .extension import Extension, Method, TrainerInputs, get_method, list_methods, register_method
 from .methods.curriculum import TokenBudgetCurriculum
+from .methods.monitor import RewardHackingMonitor
 from .methods.prorl import ProRLResetCallback
 from .methods.pta import PlanValueReward
 from .rewards import get_reward, list_rewards, register_reward
@@ -41,6 +42,7 @@ __all__ = [
     "BiCCGRPOTrainer",
     "DraftGRPOConfig",
     "DraftGRPOTrainer",
+    "RewardHackingMonitor",
     "Extension",
     "TrainerInputs",
     "Method",

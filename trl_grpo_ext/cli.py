@@ -4,6 +4,7 @@
     trl-grpo-ext sft [--config recipe.yaml] [--flag value ...]
     trl-grpo-ext trees [--config trees.yaml] [--flag value ...]
     trl-grpo-ext push OUTPUT_DIR REPO_ID [--private]
+    trl-grpo-ext sweep [--config recipe.yaml] --grid field=v1,v2 [field=...] [--output_dir DIR] [--flag value ...]
 
 Each command builds its parser in a `make_*_parser(subparsers=None)` function, as TRL's scripts do. `train` parses
 with TRL's `TrlParser` over our `ScriptArguments` subclass, the named trainer's config class, TRL's `ModelConfig` and
@@ -211,8 +212,23 @@ def make_train_parser(config_class=None, subparsers=None, **defaults) -> Parser:
     return Parser(types, prog="trl-grpo-ext train", add_help=config_class is not None, **defaults)
 
 
-def train(argv: list[str]) -> Path:
-    """Parse `argv` like `trl-grpo-ext train ARGS`, check it, train, save, and return the output directory."""
+@dataclass
+class TrainRun:
+    """`trl-grpo-ext train ARGS` parsed and checked: everything but the data and the model, none of them loaded."""
+
+    script_args: TrainScriptArguments
+    args: TrainingArguments
+    model_args: ModelConfig
+    dataset_args: DatasetMixtureConfig
+    given: dict
+    trainer_cls: type
+    rewards: list | None
+    tiny: bool
+    task: str | None
+
+
+def parse_train(argv: list[str]) -> TrainRun:
+    """Parse and check `argv` like `trl-grpo-ext train ARGS` (a bad input raises `CLIError`); loads nothing."""
     # A first pass reads what picks the second parser: the trainer (its config class) and whether the tiny model runs.
     script_args, model_args, dataset_args, _ = make_train_parser().parse(argv, return_remaining_strings=True)
     named = trainers()
@@ -258,6 +274,15 @@ def train(argv: list[str]) -> Path:
             raise CLIError(f"--hub_model_id: {_one_line(exc)}; set --hub_model_id to 'user/name'") from exc
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
         raise CLIError("a quantized base (--load_in_4bit / --load_in_8bit) cannot be trained itself; add --use_peft")
+    return TrainRun(script_args, args, model_args, dataset_args, given, trainer_cls, rewards, tiny, task)
+
+
+def train(argv: list[str]) -> Path:
+    """Parse `argv` like `trl-grpo-ext train ARGS`, check it, train, save, and return the output directory."""
+    run = parse_train(argv)
+    script_args, args, model_args, dataset_args, given = (run.script_args, run.args, run.model_args,
+                                                          run.dataset_args, run.given)  # fmt: skip
+    trainer_cls, rewards, tiny, task = run.trainer_cls, run.rewards, run.tiny, run.task
     train_dataset, eval_dataset, name = _datasets(script_args, dataset_args, args, tiny, task)
     for dataset, where in ((train_dataset, name), (eval_dataset, f"{name} (eval split)")):
         if dataset is not None:
@@ -287,6 +312,7 @@ def train(argv: list[str]) -> Path:
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     out = Path(args.output_dir).resolve()
     trainer.save_model(str(out))
+    trainer.save_state()  # trainer_state.json: the log history (what `sweep` tabulates), also without checkpoints
     dataset_name = "built-in" if tiny else task or ("mixture" if dataset_args.datasets else script_args.dataset_name)
     model_name = "tiny" if tiny_model else model_args.model_name_or_path or SMOLLM2
     trainer.run_info = {"trainer": script_args.trainer, "model": model_name,
@@ -570,12 +596,21 @@ def push(argv: list[str]) -> str:
     return url
 
 
+# ---------------------------------------------------------------------------------------------------- sweep
+def sweep(argv: list[str]) -> int:
+    """`trl-grpo-ext sweep`: see `trl_grpo_ext.sweep`."""
+    from .sweep import sweep as run_sweep
+
+    return run_sweep(argv)
+
+
 # ---------------------------------------------------------------------------------------------------- main
 COMMANDS = {
     "train": (train, "train a named trainer (no arguments: the offline quickstart); `train --help` lists every flag"),
     "sft": (sft, "PTA-GRPO's cold start: SFT on (question, plan, reasoning, answer) rows in the plan format"),
     "trees": (trees, "grow Tree-OPO prefix trees with a teacher model (resumable): `trees --output trees.jsonl`"),
     "push": (push, "upload a saved run with its model card: `push OUTPUT_DIR REPO_ID`"),
+    "sweep": (sweep, "run a recipe over a grid of settings and compare the cells: `sweep --grid loss_type=grpo,dapo`"),
 }
 
 
@@ -592,11 +627,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trl-grpo-ext: unknown command {argv[0]!r}; use one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     try:
-        COMMANDS[argv[0]][0](argv[1:])
+        result = COMMANDS[argv[0]][0](argv[1:])
     except CLIError as exc:
         print(f"trl-grpo-ext {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return result if isinstance(result, int) else 0  # `sweep` returns its status; the others what they made
 
 
 if __name__ == "__main__":

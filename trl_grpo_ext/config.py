@@ -11,6 +11,7 @@ from .methods.bicc import BiCCConfig
 from .methods.curriculum import CurriculumConfig
 from .methods.drafts import DraftConfig
 from .methods.dynamic_sampling import DynamicSamplingConfig
+from .methods.monitor import MonitorConfig
 from .methods.prefixes import PrefixColumnsConfig
 from .methods.pta import PTAConfig
 from .methods.segments import SegmentsConfig
@@ -26,6 +27,7 @@ SECTIONS = (
     TreeOPOConfigSection,
     BiCCConfig,
     DraftConfig,
+    MonitorConfig,
 )
 
 

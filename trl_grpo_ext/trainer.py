@@ -198,9 +198,9 @@ class GRPOExtTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ extensions
     def _setup_extension(self, extension: Extension) -> None:
-        extension.setup(self)
         if isinstance(extension, TrainerCallback) and extension not in self.callback_handler.callbacks:
             super().add_callback(extension)
+        extension.setup(self)  # a callback is in the list by now: setup may place it (the monitor goes first)
 
     @property
     def _plain(self) -> bool:
