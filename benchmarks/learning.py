@@ -51,6 +51,7 @@ from trl_grpo_ext import (
     ProRLResetCallback,
     PTAGRPOConfig,
     PTAGRPOTrainer,
+    RewardHackingMonitor,
     SegmentGRPOTrainer,
     TreeOPOConfig,
     TreeOPOTrainer,
@@ -226,10 +227,14 @@ def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out
             trainer.evaluate()  # the last step is not a multiple of eval_every: one more point at the end
         heldout.history = [(log["step"], log[key]) for log in trainer.state.log_history if key in log]
     result = {"name": name, "seconds": time.perf_counter() - start, "heldout": heldout.history, "steps": trace.steps}
+    # The reward-hacking monitor over the run's logs, as it would have run live (docs/monitor.md)
+    monitor = RewardHackingMonitor(correctness="last_integer")
+    monitor.replay(trace.steps, reward_weights=args.reward_weights, reward_names=trainer.reward_func_names)
+    result["monitor"] = [f"step {f.step}: {f.detector}: {f.evidence}" for f in monitor.findings if f.kind == "warning"]
     if "prorl" in {e.name for e in trainer.extensions}:
         result["resets"] = trainer.extension("prorl").history
     print(f"{name}: held-out {heldout.history[0][1]:.3f} -> {heldout.history[-1][1]:.3f} in {result['seconds']:.0f} s, "
-          f"{trace.tokens:.0f} generated tokens", flush=True)  # fmt: skip
+          f"{trace.tokens:.0f} generated tokens; {len(result['monitor'])} monitor warning(s)", flush=True)  # fmt: skip
     return result
 
 

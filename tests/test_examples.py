@@ -106,3 +106,10 @@ def test_drafts_example_refines(tmp_path, extra):
     # 4 steps: alternate solves at steps 1 and 3 and refines at 2 and 4; refine mode refines every step.
     assert ("refine steps 2 of 4" if not extra else "refine steps 4 of 4") in stdout
     assert f"saved to {tmp_path / 'out'}" in stdout
+
+
+@pytest.mark.parametrize("extra", [[], ["--ours", "--stop"]])
+def test_monitor_example_writes_its_report(tmp_path, extra):
+    stdout = run_example("monitor.py", tmp_path / "out", *extra)
+    assert "# Reward-hacking monitor report" in stdout and "| component_hacking | watched |" in stdout
+    assert (tmp_path / "out" / "reward_hacking.json").exists()

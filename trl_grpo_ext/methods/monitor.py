@@ -428,6 +428,7 @@ class RewardHackingMonitor(Extension, TrainerCallback):
         self.format: list[str] | None = None
         self.heldout: str | None = None
         self._weights: dict[str, float] | None = None  # reward name -> its weight in the total
+        self._names: list[str] = []  # the rewards, in the trainer's order
         self.history = History()
         self.findings: list[Finding] = []
         self.active: dict[str, int] = {}  # episode key -> logs since its condition last held
@@ -473,7 +474,7 @@ class RewardHackingMonitor(Extension, TrainerCallback):
         return self
 
     def _set_roles(self, names: list[str], correctness: str | None) -> None:
-        self.correctness = correctness
+        self._names, self.correctness = list(names), correctness
         self.format = (
             list(self.format_names) if self.format_names is not None else [n for n in names if n != correctness]
         )
@@ -514,7 +515,7 @@ class RewardHackingMonitor(Extension, TrainerCallback):
         if self.format is None:  # plain TRL without `attach`: the roles from the logged reward names
             self._resolve_from_logs(logs)
         if self._weights is None:
-            names = list(getattr(self.trainer, "reward_func_names", None) or [self.correctness, *self.format])
+            names = list(getattr(self.trainer, "reward_func_names", None) or self._names)  # in the weights' order
             weights = list(args.reward_weights or [1.0] * len(names))
             self._weights = {n: float(w) for n, w in zip(names, weights, strict=False) if n}
         self.history.add(state.global_step, train)
