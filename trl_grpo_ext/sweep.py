@@ -191,12 +191,13 @@ def plot(path: Path, rows: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for row in rows:
+    for index, row in enumerate(rows):
         series = (row.get("result") or {}).get("series") or {}
+        style = ("-", "--", ":", "-.")[index % 4]  # cells that trained alike stay visible over each other
         for axis, name in zip(axes, ("reward", "correctness", "length"), strict=True):
             points = series.get(name) or []
             if points:
-                axis.plot([s for s, _ in points], smoothed([v for _, v in points]), label=row["name"])
+                axis.plot([s for s, _ in points], smoothed([v for _, v in points]), style, label=row["name"])
     titles = ("reward", "correctness", "completion length (tokens)")
     for axis, title in zip(axes, titles, strict=True):
         axis.set(xlabel="step", title=f"{title}, mean of {SMOOTH} steps")
