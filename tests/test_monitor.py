@@ -147,7 +147,9 @@ def test_without_correctness_the_hacking_detectors_are_reported_as_not_watched()
 
 
 def test_thresholds_parse_and_reject_bad_input():
-    assert Thresholds.parse(["hacking_rise=0.3", "window=4"]) == Thresholds(hacking_rise=0.3, window=4)
+    parsed = Thresholds.parse(["hacking_rise=0.3", "window=4", "heldout_points=3", "plateau_logs=None"])
+    assert parsed == Thresholds(hacking_rise=0.3, window=4, heldout_points=3)
+    assert isinstance(parsed.heldout_points, int) and isinstance(parsed.flat, float)
     with pytest.raises(ValueError, match="'hacking_rize' is not a threshold"):
         Thresholds.parse(["hacking_rize=0.3"])
     with pytest.raises(ValueError, match="window='x' must be a whole number"):

@@ -170,7 +170,7 @@ class Thresholds:
                 raise ValueError(
                     f"monitor_thresholds: {name!r} is not a threshold; known: {', '.join(known)} (docs/monitor.md)."
                 )
-            integer = name.endswith(("_logs", "_ngram")) or name == "window"
+            integer = str(known[name].type).startswith("int")  # "int" or "int | None" (string annotations)
             try:
                 parsed[name] = None if value in (None, "None", "none") else (int if integer else float)(value)
             except (TypeError, ValueError):
