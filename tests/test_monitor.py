@@ -63,6 +63,7 @@ STREAMS = {
     "entropy_collapse": (after(10, lambda s: {"entropy": 0.02}), {}),
     "kl_spike": (lambda s: {**healthy(s), "kl": 0.02 if s < 15 else 0.3}, {}),
     "kl_drift": (lambda s: {**healthy(s), "kl": 0.02 + 0.05 * s}, {"thresholds": {"kl_spike": 1e9}}),
+    "kl_strangled": (after(1, lambda s: {"kl": 1e-4}), {}),
     "clip_saturation": (lambda s: {**healthy(s), "clip_ratio/region_mean": 0.01 if s < 12 else 0.4}, {}),
     "advantage_collapse": (after(10, lambda s: {"frac_reward_zero_std": 1.0}), {}),
     "grad_explosion": (lambda s: {**healthy(s), "grad_norm": 1.0 if s < 15 else 50.0}, {}),

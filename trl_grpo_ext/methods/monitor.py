@@ -83,6 +83,10 @@ DETECTORS = {
         "the KL to the reference above kl_max",
         "the policy is far from the reference: raise beta, or reset the reference (prorl_reset)",
     ),
+    "kl_strangled": (
+        "the KL to the reference near zero while the reward is flat (a KL penalty that holds the policy in place)",
+        "lower beta, or raise the learning rate",
+    ),
     "clip_saturation": (
         "a large share of tokens clipped by the trust region",
         "lower the learning rate or num_iterations, or widen epsilon / epsilon_high",
@@ -143,6 +147,7 @@ class Thresholds:
     kl_spike: float = 4.0  # KL at least this multiple of its level `window` logs before
     kl_min: float = 0.05  # ... and at least this (nats per token)
     kl_max: float = 0.5  # KL drift: at least this (nats per token)
+    kl_strangled: float = 1e-3  # KL at most this while the reward is flat: held in place by the KL penalty
     clip: float = 0.2  # share of tokens clipped (clip_ratio/region_mean)
     zero_std: float = 0.9  # share of groups with zero reward variance ...
     zero_std_logs: int = 8  # ... for this many logs in a row
@@ -352,6 +357,11 @@ def detect(history: History, th: Thresholds, correctness: str | None, format_lik
             add("kl_spike", f"kl {_f(before)} -> {_f(now)} (median of {w} logs, {now / max(before, 1e-8):.1f}x)")
         if now >= th.kl_max:
             add("kl_drift", f"kl {_f(now)} nats per token (median of {w} logs) >= kl_max {th.kl_max}")
+        r_start, r_now = trend("reward") if history.has("reward", ready) else (0.0, math.inf)
+        unsolved = not (c_key is not None and history.has(c_key, 1) and history.recent(c_key, w) >= th.solved)
+        if now <= th.kl_strangled and abs(r_now - r_start) <= th.flat and unsolved:
+            add("kl_strangled", f"kl {_f(now)} (median of {w} logs) while the reward stayed {_f(r_start)} -> "
+                f"{_f(r_now)}")  # fmt: skip
     if history.has("clip_ratio/region_mean", w):
         now = history.recent("clip_ratio/region_mean", w)
         if now >= th.clip:
@@ -618,6 +628,7 @@ class RewardHackingMonitor(Extension, TrainerCallback):
             "entropy_collapse": ["entropy"],
             "kl_spike": ["kl (logged when beta > 0)"],
             "kl_drift": ["kl (logged when beta > 0)"],
+            "kl_strangled": ["kl (logged when beta > 0)"],
             "clip_saturation": ["clip_ratio/region_mean"],
             "advantage_collapse": ["frac_reward_zero_std"],
             "grad_explosion": ["grad_norm"],
