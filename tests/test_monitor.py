@@ -290,3 +290,17 @@ def test_bad_monitor_settings_fail_before_the_model_loads(tmp_path):
         GRPOExtTrainer(model="no/such-model", reward_funcs=varied_reward, args=make_config(tmp_path, monitor=True),
                        train_dataset=tiny_dataset(8), callbacks=[RewardHackingMonitor()])  # fmt: skip
     assert isinstance(GRPOExtConfig, type)
+
+
+def test_warnings_reach_report_to(tiny_model_path, tokenizer, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = make_config(tmp_path, max_steps=3, logging_steps=1, report_to="tensorboard", monitor=True,
+                       monitor_thresholds=["window=1", "baseline_logs=1", "patience=1", "grad_explosion=0"])  # fmt: skip
+    trainer = GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=varied_reward, args=args,
+                             train_dataset=tiny_dataset(8), processing_class=tokenizer)  # fmt: skip
+    trainer.train()
+    events = EventAccumulator(str(next(p.parent for p in tmp_path.rglob("events.out.tfevents.*"))))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/monitor/warnings")] == [0.0, 1.0, 1.0]
+    assert [e.step for e in events.Scalars("train/monitor/grad_explosion")] == [2]
