@@ -3,10 +3,19 @@
 from . import tasks as tasks  # registers the built-in task's rewards (last_integer, brevity)
 from .advantages import get_advantage, list_advantages, register_advantage
 from .batch import RolloutBatch
-from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig, TreeOPOConfig
+from .config import (
+    BiCCGRPOConfig,
+    DraftGRPOConfig,
+    GRPOExtConfig,
+    NoRDConfig,
+    ProRLConfig,
+    PTAGRPOConfig,
+    TreeOPOConfig,
+)
 from .extension import Extension, Method, TrainerInputs, get_method, list_methods, register_method
 from .methods.curriculum import TokenBudgetCurriculum
 from .methods.monitor import RewardHackingMonitor
+from .methods.nord import DifficultyBiasDiagnostic
 from .methods.prorl import ProRLResetCallback
 from .methods.pta import PlanValueReward
 from .rewards import get_reward, list_rewards, register_reward
@@ -16,6 +25,7 @@ from .trainers import (
     BiCCGRPOTrainer,
     CurriculumGRPOTrainer,
     DraftGRPOTrainer,
+    NoRDTrainer,
     ProRLTrainer,
     PTAGRPOTrainer,
     SegmentGRPOTrainer,
@@ -43,6 +53,9 @@ __all__ = [
     "DraftGRPOConfig",
     "DraftGRPOTrainer",
     "RewardHackingMonitor",
+    "NoRDConfig",
+    "NoRDTrainer",
+    "DifficultyBiasDiagnostic",
     "Extension",
     "TrainerInputs",
     "Method",

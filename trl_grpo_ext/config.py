@@ -12,6 +12,7 @@ from .methods.curriculum import CurriculumConfig
 from .methods.drafts import DraftConfig
 from .methods.dynamic_sampling import DynamicSamplingConfig
 from .methods.monitor import MonitorConfig
+from .methods.nord import NoRDConfigSection
 from .methods.prefixes import PrefixColumnsConfig
 from .methods.pta import PTAConfig
 from .methods.segments import SegmentsConfig
@@ -28,6 +29,7 @@ SECTIONS = (
     BiCCConfig,
     DraftConfig,
     MonitorConfig,
+    NoRDConfigSection,
 )
 
 
@@ -159,3 +161,24 @@ class DraftGRPOConfig(GRPOExtConfig):
 
     draft_source: str | None = field(default="self", metadata={"help": "Drafts from 'column', 'model' or 'self'."})
     draft_mode: str = field(default="alternate", metadata={"help": "'refine', 'alternate' (solve/refine) or 'mix'."})
+
+
+@dataclass
+class NoRDConfig(GRPOExtConfig):
+    r"""`GRPOExtConfig` with NoRD's recipe as defaults (arXiv 2602.21172): Dr. GRPO on a continuous trajectory reward,
+    no reasoning text (the completion is the trajectory), and the difficulty-bias diagnostic on. Every field can be set.
+
+    Defaults that differ from `GRPOExtConfig`:
+        loss_type ("dr_grpo") and scale_rewards ("none"): A_i = r_i − mean(r), no division by the group's std, whose
+            smallness on easy scenes would inflate their noise (the bias NoRD removes).
+        max_completion_length (64): room for the waypoints, not for reasoning.
+        num_generations (8) and per_device_train_batch_size (8): 8 trajectories a scene.
+        difficulty_diagnostic (True): log the advantage mass per difficulty bucket, plot it at the end.
+    """
+
+    loss_type: str = field(default="dr_grpo", metadata={"help": "Loss normalisation. NoRD: Dr. GRPO."})
+    scale_rewards: str = field(default="none", metadata={"help": "No std division (Dr. GRPO), as in NoRD."})
+    max_completion_length: int | None = field(default=64, metadata={"help": "Waypoints only: no reasoning text."})
+    num_generations: int | None = field(default=8, metadata={"help": "Trajectories per scene."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Rows per device and step (whole groups)."})
+    difficulty_diagnostic: bool = field(default=True, metadata={"help": "Log the difficulty-bias diagnostic."})

@@ -24,6 +24,8 @@ __all__ = [
     "real_model",
     "build_tiny_model",
     "load_tiny_model",
+    "build_tiny_vlm",
+    "load_tiny_vlm",
     "tiny_dataset",
     "tiny_pta_rows",
     "cpu_test_config_kwargs",
@@ -157,6 +159,105 @@ def load_tiny_model(out_dir: str | Path) -> tuple[str, object]:
 
     path = build_tiny_model(out_dir)
     return str(path), PreTrainedTokenizerFast.from_pretrained(path)
+
+
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# ChatML that renders content parts: an image becomes Qwen2-VL's placeholder, which the processor expands.
+VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_VLM_VERSION = 1
+_PROCESSOR = None
+
+
+def tiny_vlm_processor_class():
+    """`TinyQwen2_5_VLProcessor`: Qwen2.5-VL's processor without its video slot, registered with `AutoProcessor`.
+
+    `Qwen2_5_VLProcessor` cannot be built without torchvision (its video processor needs it), and without a
+    registered processor `AutoProcessor.from_pretrained` silently returns the bare tokenizer, on which GRPO fails at
+    `pixel_values`. This subclass takes no video processor; it is registered under a config class of its own, so
+    that the real Qwen2.5-VL's processor is untouched, and found by name in `processor_config.json`.
+    """
+    global _PROCESSOR
+    if _PROCESSOR is None:
+        from transformers import AutoProcessor, PretrainedConfig, Qwen2_5_VLProcessor
+
+        class TinyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
+            def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+                super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+        class _TinyVLMProcessorKey(PretrainedConfig):
+            model_type = "trl_grpo_ext_tiny_vlm"
+
+        AutoProcessor.register(_TinyVLMProcessorKey, TinyQwen2_5_VLProcessor, exist_ok=True)
+        _PROCESSOR = TinyQwen2_5_VLProcessor
+    return _PROCESSOR
+
+
+def build_tiny_vlm(out_dir: str | Path, *, image_size: int = 56, seed: int = 0, overwrite: bool = False) -> Path:
+    """Build a tiny random Qwen2.5-VL (0.18M parameters: text hidden 64, 2 layers, mrope section [2, 3, 3]; vision
+    depth 2, hidden 32, out 64) and its processor offline, and save both to `out_dir`.
+
+    The processor: the tiny model's tokenizer plus `<|vision_start|>`, `<|vision_end|>`, `<|image_pad|>`,
+    `<|video_pad|>`, a chat template that renders image parts, and `Qwen2VLImageProcessorPil` resizing every image to
+    `image_size` x `image_size` (56: 4 image tokens). Load it with `load_tiny_vlm` (or, after that has registered the
+    processor class, `AutoProcessor.from_pretrained` and `AutoModelForImageTextToText.from_pretrained`).
+    """
+    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    out = Path(out_dir)
+    settings = {"version": _VLM_VERSION, "image_size": image_size, "seed": seed}
+    stamp = out / "tiny_vlm_settings.json"
+    if not overwrite and stamp.exists() and json.loads(stamp.read_text()) == settings:
+        return out
+    if image_size % 28:
+        raise ValueError(f"image_size={image_size} must be a multiple of 28 (14-pixel patches, merged 2 x 2); try 56.")
+    tokenizer = _build_tokenizer(400)
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    pixels = image_size * image_size
+    processor = tiny_vlm_processor_class()(
+        Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels), tokenizer, chat_template=VLM_CHAT_TEMPLATE
+    )
+    ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS), strict=True))
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    text = {"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+            "rope_parameters": rope, "eos_token_id": eos, "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": None, "tie_word_embeddings": True}  # fmt: skip
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+              "fullatt_block_indexes": [1], "window_size": image_size}  # fmt: skip
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                              vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True, dtype="float32")  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, do_sample=True)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    stamp.write_text(json.dumps(settings))
+    return out
+
+
+def load_tiny_vlm(out_dir: str | Path) -> tuple[str, object]:
+    """Build (or reuse) the tiny vision-language model in `out_dir`; return its path and its processor."""
+    from transformers import AutoProcessor
+
+    path = build_tiny_vlm(out_dir)
+    cls = tiny_vlm_processor_class()
+    processor = AutoProcessor.from_pretrained(path)
+    if not isinstance(processor, cls):  # the silent fallback to the bare tokenizer, which GRPO cannot feed images
+        raise RuntimeError(f"{path} loaded as {type(processor).__name__}, not {cls.__name__}: rebuild it "
+                           "(build_tiny_vlm(..., overwrite=True)).")  # fmt: skip
+    return str(path), processor
 
 
 _PROBLEMS = [(a, b) for a in range(2, 10) for b in range(1, 8)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, ProRLConfig, PTAGRPOConfig
+from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, NoRDConfig, ProRLConfig, PTAGRPOConfig
 from .methods.bicc import check_bicc_config
 from .methods.curriculum import check_schedule
 from .methods.drafts import check_draft_config
@@ -172,4 +172,23 @@ class DraftGRPOTrainer(GRPOExtTrainer):
             check_draft_config(args)
         if reward_funcs is None:
             reward_funcs = [get_reward("accuracy")]
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+
+
+class NoRDTrainer(GRPOExtTrainer):
+    """NoRD (arXiv 2602.21172): a driving policy writes its future waypoints directly, scored by a driving metric.
+
+    This trainer sets the recipe: `NoRDConfig` (Dr. GRPO: `loss_type="dr_grpo"`, `scale_rewards="none"`; short
+    completions; `DifficultyBiasDiagnostic` on), and without `reward_funcs` the `trajectory` reward (the toy
+    PDMS-like driving score of `trl_grpo_ext.methods.nord`, reading the `future` and `scene` columns). Prompts may
+    carry images (a vision-language model and its processor): TRL's VLM path feeds them. The synthetic scenes of
+    `trl_grpo_ext.data.driving` are in that format.
+    """
+
+    def __init__(self, model, reward_funcs=None, args: GRPOExtConfig | None = None, *pos, **kwargs):
+        args = args if args is not None else NoRDConfig(output_dir="NoRD")
+        if not isinstance(args, GRPOExtConfig):
+            raise TypeError(f"NoRDTrainer needs a GRPOExtConfig (or NoRDConfig), got {type(args).__name__}.")
+        if reward_funcs is None:
+            reward_funcs = [get_reward("trajectory")]
         super().__init__(model, reward_funcs, args, *pos, **kwargs)

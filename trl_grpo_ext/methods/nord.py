@@ -31,14 +31,14 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from itertools import pairwise
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
-from ..extension import Extension, TrainerInputs
+from ..extension import Extension, Method, TrainerInputs, register_method
 from ..registry import _import_path
 from ..rewards import completion_text, register_reward
 
@@ -374,7 +374,60 @@ def plot_difficulty(groups: list[dict], path) -> None:
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------- config section
+@dataclass
+class NoRDConfigSection:
+    """Config section: the difficulty-bias diagnostic of NoRD (arXiv 2602.21172; `trl_grpo_ext.methods.nord`).
+
+    > Parameters of the difficulty-bias diagnostic (`trl_grpo_ext.DifficultyBiasDiagnostic`, docs/nord.md)
+
+    difficulty_diagnostic (`bool`, *optional*, defaults to `False`):
+        Log, each step, how the reward scaling spreads advantage over easy and hard groups
+        (`difficulty/mass_<bucket>`, `_scaled`, `_unscaled`), and write `difficulty_bias.json` / `.png` in
+        `output_dir` at the end.
+    difficulty_by (`str`, *optional*):
+        What sorts groups into buckets: `reward` (the group's mean reward, cut at `difficulty_edges`) or a dataset
+        column that labels each prompt (e.g. `kind`). Default: `reward`.
+    difficulty_edges (`list[float]`, *optional*):
+        Increasing group-mean rewards that cut the buckets, hard first. Default: [1/3, 2/3] (hard, medium, easy).
+    """
+
+    difficulty_diagnostic: bool = field(
+        default=False, metadata={"help": "Log the difficulty-bias diagnostic (docs/nord.md)."}
+    )
+    difficulty_by: str | None = field(
+        default=None, metadata={"help": "'reward' (group mean, cut at difficulty_edges) or a dataset column."}
+    )
+    difficulty_edges: list[float] | None = field(
+        default=None, metadata={"help": "Increasing group-mean rewards that cut the buckets. Default: 1/3 2/3."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        given = [f.name for f in fields(NoRDConfigSection)
+                 if f.name != "difficulty_diagnostic" and getattr(self, f.name) is not None]  # fmt: skip
+        if given and not self.difficulty_diagnostic:
+            raise ValueError(f"{given[0]} is set, but difficulty_diagnostic=False; set difficulty_diagnostic=True, "
+                             f"or leave {given[0]} unset.")  # fmt: skip
+        if self.difficulty_diagnostic:
+            _from_config(self)  # the edges, checked now
+
+
+def _from_config(args) -> DifficultyBiasDiagnostic | None:
+    if not getattr(args, "difficulty_diagnostic", False):
+        return None
+    edges = args.difficulty_edges if args.difficulty_edges is not None else (1 / 3, 2 / 3)
+    return DifficultyBiasDiagnostic(by=args.difficulty_by or "reward", edges=edges)
+
+
+# The record's name is the extension's (its metric prefix, what the model card matches); `--trainer nord`.
+register_method(Method(name="difficulty", title="NoRD (Dr. GRPO on trajectory rewards; difficulty-bias diagnostic)",
+                       arxiv="2602.21172", extension=_from_config, trainer="NoRDTrainer", config="NoRDConfig",
+                       cli_name="nord"))  # fmt: skip
+
+
 __all__ = [
+    "NoRDConfigSection",
     "WAYPOINT_PATTERN",
     "METRICS",
     "TrajectoryScore",
