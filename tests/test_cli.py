@@ -149,3 +149,25 @@ def test_named_trainer_alone_is_a_working_run(tmp_path, tiny_cache_dir, capsys):
             "--output_dir", str(tmp_path / "run"), "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
     assert main(argv) == 0
     assert "Trained 1 steps" in capsys.readouterr().out
+
+
+def test_nord_defaults_to_the_driving_task():
+    from trl_grpo_ext.cli import parse_train
+
+    run = parse_train(["--trainer", "nord", "--output_dir", "/tmp/nord-parse"])
+    assert run.task == "driving" and [r.__name__ for r in run.rewards] == ["trajectory"]
+    assert (run.args.loss_type, run.args.scale_rewards, run.args.max_completion_length) == ("dr_grpo", "none", 48)
+    assert parse_train(["--trainer", "grpo_ext", "--output_dir", "/tmp/x"]).task == "addition"
+
+
+def test_nord_tiny_drives_from_images(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "run"
+    argv = ["train", "--tiny", "--trainer", "nord", "--max_steps", "2", "--per_device_train_batch_size", "4",
+            "--num_generations", "2", "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    assert main(argv) == 0
+    assert "Trained 2 steps" in capsys.readouterr().out
+    assert json.loads((out / "processor_config.json").read_text())["processor_class"] == "TinyQwen2_5_VLProcessor"
+    assert (out / "difficulty_bias.png").exists()
+    assert json.loads((out / "trl_grpo_ext_run.json").read_text())["methods"] == ["grpo", "difficulty"]

@@ -43,13 +43,21 @@ from trl import (
 import trl_grpo_ext
 
 from . import hub
+from .data.driving import driving_dataset
 from .data.trees import SAMPLE_TREES, questions_dataset
 from .extension import list_methods
 from .registry import _import_path
 from .rewards import resolve_rewards
-from .tasks import TASK_REWARD_WEIGHTS, HeldoutAccuracy, addition_dataset, addition_problems
+from .tasks import (
+    TASK_REWARD_WEIGHTS,
+    HeldoutAccuracy,
+    HeldoutDrivingScore,
+    addition_dataset,
+    addition_problems,
+    driving_task_dataset,
+)
 from .tasks import TASK_REWARDS as TASK_REWARDS_DEFAULT
-from .testing import SMOLLM2, load_tiny_model, real_model, tiny_dataset
+from .testing import SMOLLM2, load_tiny_model, load_tiny_vlm, real_model, tiny_dataset
 from .tools import calculator
 
 # Without --reward_funcs: the trainers whose method brings no rewards of its own get these.
@@ -74,6 +82,9 @@ TASK_METHODS = {
     "drafts": {"draft_reward": "last_integer"},  # scores the drafts, as it scores the answers
 }
 TASK_REWARDS = {"curriculum": (["last_integer", "budget_length"], [1.0, 0.5]), "pta": (None, None)}
+# The driving task (text-only scenes of `trl_grpo_ext.data.driving`; NoRD's default): the trajectory reward, room for
+# 4 waypoints (SmolLM2 writes a short preamble first), its held-out driving score.
+DRIVING_TASK = {"max_completion_length": 48}
 # What makes a run on the tiny model take seconds on a CPU; `--tiny` puts it over a recipe's values (flags still win).
 TINY = {"max_steps": 20, "max_completion_length": 24, "learning_rate": 5e-3, "save_strategy": "no", "report_to": "none",
         "seed": 0}  # fmt: skip
@@ -105,10 +116,11 @@ class _ScriptArguments(ScriptArguments):
     tiny: bool = field(default=False, metadata={"help": "Offline smoke test: the tiny model and built-in data."})
     cache_dir: str | None = field(default=None, metadata={"help": "Where the tiny model is built."})
 
-    def tiny_model(self):
+    def tiny_model(self, vision: bool = False):
+        """The tiny model and its tokenizer (`vision`: the tiny Qwen2.5-VL and its processor), built once."""
         cache = Path(self.cache_dir or os.environ.get("TRL_GRPO_EXT_CACHE", "~/.cache/trl_grpo_ext")).expanduser()
         with PartialState().main_process_first():  # the first process builds it; the others then find it built
-            return load_tiny_model(cache / "tiny-model")
+            return load_tiny_vlm(cache / "tiny-vlm") if vision else load_tiny_model(cache / "tiny-model")
 
 
 @dataclass
@@ -124,7 +136,8 @@ class TrainScriptArguments(_ScriptArguments):
     task: str | None = field(
         default=None,
         metadata={"help": "A built-in task instead of a dataset: its data, its rewards and a held-out evaluation "
-                  "(default when neither model nor dataset is named).", "choices": ["addition"]},
+                  "(default when no dataset is named: driving for --trainer nord, else addition).",
+                  "choices": ["addition", "driving"]},
     )  # fmt: skip
     tools: list[str] | None = field(
         default=None,
@@ -240,17 +253,21 @@ def parse_train(argv: list[str]) -> TrainRun:
     if tiny and script_args.trainer == "tree_opo":  # the built-in questions need their own trees, over a recipe's
         overrides["prefix_trees"] = SAMPLE_TREES
     named_data = script_args.dataset_name or dataset_args.datasets
-    task = None if tiny else script_args.task or (None if named_data else "addition")
+    default_task = "driving" if script_args.trainer == "nord" else "addition"
+    task = None if tiny else script_args.task or (None if named_data else default_task)
     if task:  # the task's defaults, under the recipe and the flags
         output = "outputs/quickstart" if script_args.trainer == "grpo_ext" else f"outputs/{script_args.trainer}"
-        defaults.update(TASK, output_dir=output, **TASK_METHODS.get(script_args.trainer, {}))
+        defaults.update(TASK, output_dir=output, **(DRIVING_TASK if task == "driving" else {}),
+                        **TASK_METHODS.get(script_args.trainer, {}))  # fmt: skip
     parser = make_train_parser(config_cls, defaults=defaults, overrides=overrides)
     parsed = parser.parse(argv)
     script_args, args, model_args, dataset_args = parsed
     given = parser.given(argv, parsed)
 
     specs = script_args.reward_funcs
-    if specs is None and task:
+    if specs is None and task == "driving":
+        specs = ["trajectory"]
+    elif specs is None and task:
         specs, weights = TASK_REWARDS.get(script_args.trainer, (TASK_REWARDS_DEFAULT, TASK_REWARD_WEIGHTS))
         args.reward_weights = args.reward_weights or weights
     elif specs is None and trainer_cls in (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.SegmentGRPOTrainer,
@@ -293,7 +310,7 @@ def train(argv: list[str]) -> Path:
 
     tiny_model = tiny or model_args.model_name_or_path == "tiny"
     if tiny_model:
-        model, processing_class = script_args.tiny_model()
+        model, processing_class = script_args.tiny_model(vision=trainer_cls is trl_grpo_ext.NoRDTrainer and tiny)
     else:
         model, processing_class = model_args.model_name_or_path or _real_model(script_args), None
     args.model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": args.trust_remote_code,
@@ -301,7 +318,8 @@ def train(argv: list[str]) -> Path:
                               **(args.model_init_kwargs or {})}  # fmt: skip
     # One upload at the end, with our model card, instead of Trainer's repo creation at start and pushes on save.
     push_to_hub, args.push_to_hub = args.push_to_hub, False
-    heldout = [HeldoutAccuracy(max_new_tokens=args.max_completion_length)] if task else None
+    heldout_cls = HeldoutDrivingScore if task == "driving" else HeldoutAccuracy
+    heldout = [heldout_cls(max_new_tokens=args.max_completion_length)] if task else None
     try:
         trainer = trainer_cls(model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset,
                               eval_dataset=eval_dataset, processing_class=processing_class, tools=tools,
@@ -318,8 +336,8 @@ def train(argv: list[str]) -> Path:
     trainer.run_info = {"trainer": script_args.trainer, "model": model_name,
                         "dataset": dataset_name, "config": given}  # fmt: skip
     if heldout:
-        (before, after) = heldout[0].history[0][1], heldout[0].history[-1][1]
-        trainer.run_info["results"] = {"heldout_accuracy_before": before, "heldout_accuracy_after": after}
+        (before, after), metric = (heldout[0].history[0][1], heldout[0].history[-1][1]), heldout[0].key.split("/")[1]
+        trainer.run_info["results"] = {f"heldout_{metric}_before": before, f"heldout_{metric}_after": after}
     if push_to_hub:
         args.hub_model_id = args.hub_model_id or out.name
         try:
@@ -336,10 +354,8 @@ def train(argv: list[str]) -> Path:
         rewards_logged = [log["reward"] for log in trainer.state.log_history if "reward" in log]
         summary = f"mean reward {rewards_logged[0]:.3f} -> {rewards_logged[-1]:.3f}; " if rewards_logged else ""
         if heldout:
-            results = trainer.run_info["results"]
-            problems = len(addition_problems("heldout"))
-            summary += (f"held-out accuracy (greedy, {problems} problems) {results['heldout_accuracy_before']:.3f} -> "
-                        f"{results['heldout_accuracy_after']:.3f}; ")  # fmt: skip
+            (_, before), (_, after) = heldout[0].history[0], heldout[0].history[-1]
+            summary += f"{heldout[0].label} (greedy) {before:.3f} -> {after:.3f}; "
         print(f"Trained {trainer.state.global_step} steps; {summary}saved to {out}")
     return out
 
@@ -354,10 +370,17 @@ def _datasets(script_args, dataset_args, args, tiny: bool, task: str | None):
             raise CLIError(f"--prefix_trees: {_one_line(exc)}") from exc
         test = addition_dataset("heldout") if task else questions.select(range(min(16, len(questions))))
         dataset, name = DatasetDict({"train": questions, "test": test}), f"the questions of {trees}"
+    elif task == "driving":  # the held-out scenes are the eval split: never trained on
+        dataset = DatasetDict({"train": driving_task_dataset("train"), "test": driving_task_dataset("heldout")})
+        name = "the built-in driving task"
     elif task:
         # The held-out problems are the eval split: never trained on.
         dataset = DatasetDict({"train": addition_dataset("train", repeats=10), "test": addition_dataset("heldout")})
         name = f"the built-in {task} task"
+    elif tiny and script_args.trainer == "nord":  # the tiny vision-language model drives from the images
+        dataset = DatasetDict({"train": driving_dataset(32, image_size=56), "test": driving_dataset(8, image_size=56,
+                                                                                                     seed=1)})  # fmt: skip
+        name = "the built-in driving scenes (images)"
     elif tiny:
         dataset, name = (
             DatasetDict({"train": tiny_dataset(64), "test": tiny_dataset(16, seed=1)}),

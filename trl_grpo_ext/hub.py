@@ -105,6 +105,7 @@ def model_card(record: dict, repo_id: str | None = None, tags=(), title: str | N
             "built-in": "the built-in arithmetic dataset",
             "mixture": "the `datasets` mixture below",
             "addition": "the built-in addition task (`trl_grpo_ext.tasks`)",
+            "driving": "the built-in text-only driving task (`trl_grpo_ext.tasks`, `trl_grpo_ext.data.driving`)",
         }.get(record["dataset"], f"`{record['dataset']}`")
     rows = "\n".join(_method_row(key) for key in record["methods"])
     metrics = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(record["metrics"].items())) or "| (none logged) | |"
@@ -112,9 +113,11 @@ def model_card(record: dict, repo_id: str | None = None, tags=(), title: str | N
     recipe = yaml.safe_dump(record["config"], sort_keys=False, allow_unicode=True).strip()
     versions = "\n".join(f"- {package}: {v}" for package, v in record["versions"].items())
     results = ""
-    if "heldout_accuracy_before" in record:
-        results = (f"\n\nHeld-out accuracy (greedy, the built-in task's held-out problems): "
-                   f"{record['heldout_accuracy_before']:.3f} before training, {record['heldout_accuracy_after']:.3f} after.")  # fmt: skip
+    for metric, what in (("accuracy", "accuracy"), ("driving_score", "driving score")):
+        if f"heldout_{metric}_before" in record:
+            results = (f"\n\nHeld-out {what} (greedy, the built-in task's held-out set): "
+                       f"{record[f'heldout_{metric}_before']:.3f} before training, "
+                       f"{record[f'heldout_{metric}_after']:.3f} after.")  # fmt: skip
     card.text += f"""
 ## trl-grpo-ext
 

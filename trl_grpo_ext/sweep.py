@@ -128,8 +128,9 @@ def read_cell(folder: Path) -> dict:
 
     run_file = folder / "trl_grpo_ext_run.json"  # the built-in task's held-out accuracy, before and after training
     run = json.loads(run_file.read_text()) if run_file.exists() else {}
-    heldout = series("heldout/accuracy")
-    before, after = run.get("heldout_accuracy_before"), run.get("heldout_accuracy_after")
+    metric = "driving_score" if "heldout_driving_score_after" in run or series("heldout/driving_score") else "accuracy"
+    heldout = series(f"heldout/{metric}")
+    before, after = run.get(f"heldout_{metric}_before"), run.get(f"heldout_{metric}_after")
     return {
         "steps": state.get("global_step"),
         "correctness_key": key,

@@ -1,4 +1,4 @@
-"""The built-in task: single-digit addition, its rewards and its held-out evaluation.
+"""The built-in tasks: single-digit addition (and, for NoRD, driving), their rewards and held-out evaluations.
 
 "What is 7 + 5? Answer with just the number." A small real model (SmolLM2-135M-Instruct) answers some of these right
 before training and learns the rest within a few minutes of GRPO on a CPU, so the main job (`trl-grpo-ext train`),
@@ -136,6 +136,9 @@ def heldout_accuracy(model, tokenizer, problems: list[tuple[int, int]] | None = 
 class HeldoutAccuracy(TrainerCallback):
     """Logs `heldout/accuracy` (greedy, on the held-out problems) at the start, every `every` steps and at the end."""
 
+    key = "heldout/accuracy"
+    label = "held-out accuracy"
+
     def __init__(self, every: int | None = None, max_new_tokens: int = 24, system: str | None = None):
         self.every, self.max_new_tokens, self.system = every, max_new_tokens, system
         self.trainer = None
@@ -145,13 +148,15 @@ class HeldoutAccuracy(TrainerCallback):
         self.trainer = trainer
         return self
 
+    def evaluate(self, model, tokenizer) -> float:
+        return heldout_accuracy(model, tokenizer, max_new_tokens=self.max_new_tokens, system=self.system)
+
     def measure(self, step: int) -> float:
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        accuracy = heldout_accuracy(model, self.trainer.processing_class, max_new_tokens=self.max_new_tokens,
-                                    system=self.system)  # fmt: skip
-        self.history.append((step, accuracy))
-        self.trainer.log_metric("heldout/accuracy", accuracy)
-        return accuracy
+        value = self.evaluate(model, self.trainer.processing_class)
+        self.history.append((step, value))
+        self.trainer.log_metric(self.key, value)
+        return value
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not self.history:
@@ -163,3 +168,66 @@ class HeldoutAccuracy(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.measure(state.global_step)
+
+
+# ------------------------------------------------------------------------------------------------ driving (NoRD)
+DRIVING_TRAIN_SEED, DRIVING_HELDOUT_SEED = 0, 1000
+DRIVING_HELDOUT_SIZE = 48
+
+
+def driving_task_dataset(split: str = "train", n: int | None = None):
+    """The text-only driving task (`trl_grpo_ext.data.driving`, `images=False`): 256 training scenes (seed 0) or the
+    48 held-out scenes (seed 1000, never trained on)."""
+    from .data.driving import driving_dataset
+
+    if split == "train":
+        return driving_dataset(n or 256, images=False, seed=DRIVING_TRAIN_SEED)
+    if split == "heldout":
+        return driving_dataset(n or DRIVING_HELDOUT_SIZE, images=False, seed=DRIVING_HELDOUT_SEED)
+    raise ValueError(f"split={split!r} is not 'train' or 'heldout'.")
+
+
+@torch.no_grad()
+def heldout_driving_score(model, tokenizer, rows=None, max_new_tokens: int = 48, batch_size: int = 48) -> float:
+    """Mean driving score of greedy trajectories on the held-out scenes (`trajectory` reward: malformed or a wrong
+    number of waypoints scores 0)."""
+    from .rewards import get_reward
+
+    rows = rows if rows is not None else driving_task_dataset("heldout")
+    reward = get_reward("trajectory")
+    template, tokenizer = tokenizer, getattr(tokenizer, "tokenizer", tokenizer)  # a VLM's processor: text prompts
+    was_training = model.training
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    total = 0.0
+    try:
+        for start in range(0, len(rows), batch_size):
+            chunk = rows.select(range(start, min(start + batch_size, len(rows))))
+            texts = [
+                tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in chunk["prompt"]
+            ]
+            inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            replies = tokenizer.batch_decode(out[:, inputs["input_ids"].size(1) :], skip_special_tokens=True)
+            total += sum(reward(completions=replies, future=chunk["future"], scene=chunk["scene"]))
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return total / len(rows)
+
+
+class HeldoutDrivingScore(HeldoutAccuracy):
+    """Logs `heldout/driving_score` (greedy, on the 48 held-out text scenes) at the start, every `every` steps and
+    at the end."""
+
+    key = "heldout/driving_score"
+    label = "held-out driving score"
+
+    def __init__(self, every: int | None = None, max_new_tokens: int = 48, rows=None):
+        super().__init__(every=every, max_new_tokens=max_new_tokens)
+        self.rows = rows
+
+    def evaluate(self, model, tokenizer) -> float:
+        return heldout_driving_score(model, tokenizer, self.rows, max_new_tokens=self.max_new_tokens)

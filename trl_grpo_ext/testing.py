@@ -146,9 +146,14 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
     )
+    return _save(out, model, tokenizer, stamp, settings)
+
+
+def _save(out: Path, model, processing_class, stamp: Path, settings: dict) -> Path:
+    """Save a built model and its tokenizer or processor, then the stamp that marks the build complete."""
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    processing_class.save_pretrained(out)
     stamp.write_text(json.dumps(settings))
     return out
 
@@ -240,11 +245,7 @@ def build_tiny_vlm(out_dir: str | Path, *, image_size: int = 56, seed: int = 0, 
         torch.manual_seed(seed)
         model = Qwen2_5_VLForConditionalGeneration(config)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, do_sample=True)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    stamp.write_text(json.dumps(settings))
-    return out
+    return _save(out, model, processor, stamp, settings)
 
 
 def load_tiny_vlm(out_dir: str | Path) -> tuple[str, object]:

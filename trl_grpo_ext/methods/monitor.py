@@ -568,6 +568,7 @@ class RewardHackingMonitor(Extension, TrainerCallback):
             return self.heldout_name
         keys = [
             "heldout/accuracy",
+            "heldout/driving_score",
             f"eval_rewards/{self.correctness}/mean" if self.correctness else None,
             "eval_reward",
         ]
@@ -729,7 +730,7 @@ class MonitorConfig:
     monitor_format (`list[str]`, *optional*):
         The rewards to watch as format-like. Default: every reward but correctness.
     monitor_heldout (`str`, *optional*):
-        Logged key of a held-out metric. Default: `heldout/accuracy`, else `eval_rewards/<correctness>/mean`, else
+        Logged key of a held-out metric. Default: `heldout/accuracy` (or `heldout/driving_score`), else `eval_rewards/<correctness>/mean`, else
         `eval_reward`.
     monitor_stop (`list[str]`, *optional*):
         Detectors that stop training when they fire (`any` for all). Default: none, only warn.
