@@ -18,6 +18,11 @@ the completion tokens it generated, and the numbers each method exists for:
   drafts of other problems written by the frozen start model, Dr. GRPO in both arms. Draft tokens count as
   generated; held-out questions are asked bare (no draft), as the papers test; drafts_no_brevity: self-refinement
   with both arms on correctness alone;
+- nord: the text-only driving task (`trl_grpo_ext.tasks.driving_task_dataset`: past positions, speed and the cars in
+  the prompt, 4 waypoints as the answer, the `trajectory` reward), NoRD's Dr. GRPO (no std division) against GRPO
+  (std-normalised), both with the difficulty-bias diagnostic, after a cold start of 8 SFT steps on 64 scenes of
+  another seed (SmolLM2 alone rarely writes 4 waypoints when sampling); held-out = greedy driving score on 48
+  unseen scenes;
 - tree_opo: groups of 4 prefixes of the shipped scripted-teacher trees (`trl_grpo_ext.data.trees.SAMPLE_TREES`, one
   per training problem) at mixed depths, staged advantages; the variance of the advantages against GRPO's.
 
@@ -48,6 +53,8 @@ from trl_grpo_ext import (
     DraftGRPOTrainer,
     GRPOExtConfig,
     GRPOExtTrainer,
+    NoRDConfig,
+    NoRDTrainer,
     ProRLResetCallback,
     PTAGRPOConfig,
     PTAGRPOTrainer,
@@ -56,10 +63,20 @@ from trl_grpo_ext import (
     TreeOPOConfig,
     TreeOPOTrainer,
 )
+from trl_grpo_ext.data.driving import driving_sft_dataset
 from trl_grpo_ext.data.pta import DEFAULT_SYSTEM as PLAN_SYSTEM
 from trl_grpo_ext.data.pta import pta_sft_dataset
 from trl_grpo_ext.data.trees import SAMPLE_TREES, questions_dataset
-from trl_grpo_ext.tasks import TASK_REWARD_WEIGHTS, TASK_REWARDS, HeldoutAccuracy, addition_dataset, addition_problems
+from trl_grpo_ext.tasks import (
+    DRIVING_HELDOUT_SIZE,
+    TASK_REWARD_WEIGHTS,
+    TASK_REWARDS,
+    HeldoutAccuracy,
+    HeldoutDrivingScore,
+    addition_dataset,
+    addition_problems,
+    driving_task_dataset,
+)
 from trl_grpo_ext.testing import CPU_KWARGS, real_model
 from trl_grpo_ext.tools import calculator
 
@@ -194,6 +211,11 @@ def arms(method: str, model: str, tokenizer, out: Path, steps: int):
                       "draft_max_new_tokens": 24, "draft_temperature": 1.0}  # fmt: skip
         return model, (GRPOExtTrainer, GRPOExtConfig, dr, rewards), (DraftGRPOTrainer, DraftGRPOConfig, mismatched,
                                                                      rewards)  # fmt: skip
+    if method == "nord":  # the driving task; GRPO scales by the group's std, NoRD (Dr. GRPO) does not
+        model = cold_start(model, tokenizer, out / "driving-cold-start", driving_sft_dataset(64), steps=8)
+        driving = {"task": "driving", "max_completion_length": 48, "difficulty_diagnostic": True}
+        extra = {"reward_funcs": ["trajectory"]}
+        return model, (GRPOExtTrainer, GRPOExtConfig, driving, extra), (NoRDTrainer, NoRDConfig, driving, extra)
     raise SystemExit(f"unknown method {method!r}")
 
 
@@ -201,9 +223,12 @@ def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out
     trainer_cls, config_cls, overrides, extra = spec
     overrides, extra = dict(overrides), dict(extra)
     system = overrides.pop("system", None)
+    driving = overrides.pop("task", None) == "driving"
     tools = "tools" in extra
-    heldout, trace = HeldoutAccuracy(every=eval_every, max_new_tokens=overrides.get("max_completion_length", 24),
-                                     system=system), Trace()  # fmt: skip
+    length = overrides.get("max_completion_length", 24)
+    heldout = (HeldoutDrivingScore(every=eval_every, max_new_tokens=length) if driving
+               else HeldoutAccuracy(every=eval_every, max_new_tokens=length, system=system))  # fmt: skip
+    trace = Trace()
     if tools:  # a tool-calling policy is evaluated with the tool loop: TRL's evaluation, one sample a problem
         overrides.update(eval_strategy="steps", eval_steps=eval_every, eval_on_start=True, num_generations_eval=1,
                          per_device_eval_batch_size=20)  # fmt: skip
@@ -214,6 +239,8 @@ def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out
     if extra.pop("train_dataset", None) == "trees":
         dataset = questions_dataset(overrides["prefix_trees"])
         dataset = dataset.select([i % len(dataset) for i in range(10 * len(dataset))])  # as GRPO's: 10 passes
+    elif driving:
+        dataset = driving_task_dataset("train")
     else:
         dataset = addition_dataset("train", repeats=10, system=system)
     trainer = trainer_cls(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
@@ -228,7 +255,7 @@ def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out
         heldout.history = [(log["step"], log[key]) for log in trainer.state.log_history if key in log]
     result = {"name": name, "seconds": time.perf_counter() - start, "heldout": heldout.history, "steps": trace.steps}
     # The reward-hacking monitor over the run's logs, as it would have run live (docs/monitor.md)
-    monitor = RewardHackingMonitor(correctness="last_integer")
+    monitor = RewardHackingMonitor(correctness="trajectory" if driving else "last_integer")
     monitor.replay(trace.steps, reward_weights=args.reward_weights, reward_names=trainer.reward_func_names)
     result["monitor"] = [f"step {f.step}: {f.detector}: {f.evidence}" for f in monitor.findings if f.kind == "warning"]
     if "prorl" in {e.name for e in trainer.extensions}:
@@ -286,6 +313,17 @@ def own_metric(method: str, runs: dict) -> str:
                 f"{mean['draft_accuracy']:.2f} right), solving {sum(solve) / max(len(solve), 1):.2f}; improvement "
                 f"rate {mean['improvement_rate']:.2f}, copy rate {mean['copy_rate']:.2f}, groups without a draft "
                 f"{mean['missing']:.2f}")  # fmt: skip
+    if method == "nord":
+
+        def mass(run_, key):
+            values = [s[key] for s in run_["steps"] if key in s]
+            return sum(values) / max(len(values), 1)
+
+        parts = [f"{k}: advantage mass on hard / easy groups {mass(r, 'difficulty/mass_hard'):.2f} / "
+                 f"{mass(r, 'difficulty/mass_easy'):.2f} (groups {mass(r, 'difficulty/groups_hard'):.2f} / "
+                 f"{mass(r, 'difficulty/groups_easy'):.2f}), malformed {mass(r, 'trajectory/malformed'):.1f} per step, "
+                 f"collisions {mass(r, 'trajectory/collision_rate'):.2f}" for k, r in runs.items()]  # fmt: skip
+        return "; ".join(parts)
     if method == "rcc":
         steps = runs[method]["steps"]
         shift = sum(s.get("rcc/baseline_shift", 0) for s in steps) / len(steps)
@@ -298,14 +336,15 @@ def verdict(runs: dict, method: str) -> str:
     """Which goal the method met; a difference of one held-out problem is read as noise."""
     base, ours = runs["grpo"], runs[method]
     final_base, final_ours = base["heldout"][-1][1], ours["heldout"][-1][1]
-    noise = 1.5 / len(addition_problems("heldout"))
+    noise = 1.5 / (DRIVING_HELDOUT_SIZE if method == "nord" else len(addition_problems("heldout")))
+    what = "driving score" if method == "nord" else "accuracy"
     fewer = ours["steps"][-1]["generated_tokens"] < base["steps"][-1]["generated_tokens"]
     if final_ours > final_base + noise:
-        return "higher held-out accuracy on the same budget" + (", in fewer generated tokens" if fewer else "")
+        return f"higher held-out {what} on the same budget" + (", in fewer generated tokens" if fewer else "")
     if final_ours >= final_base - noise and fewer:
-        return "GRPO's accuracy (within one problem) in fewer generated tokens"
+        return f"GRPO's {what} (within one problem) in fewer generated tokens"
     if final_ours < final_base - noise:
-        return "lower held-out accuracy than GRPO"
+        return f"lower held-out {what} than GRPO"
     return "neither (within one held-out problem of GRPO, no fewer tokens)"
 
 
@@ -321,7 +360,8 @@ def plot(method: str, runs: dict, path: Path) -> None:
         points = run_["heldout"]
         steps_ax.plot([s for s, _ in points], [a for _, a in points], marker="o", label=name)
         tokens_ax.plot([tokens.get(s, 0) for s, _ in points], [a for _, a in points], marker="o", label=name)
-    steps_ax.set(xlabel="step", ylabel="held-out accuracy (greedy)", title=f"{method} vs GRPO")
+    what = "driving score" if method == "nord" else "accuracy"
+    steps_ax.set(xlabel="step", ylabel=f"held-out {what} (greedy)", title=f"{method} vs GRPO")
     tokens_ax.set(xlabel="completion tokens generated", title="accuracy per generated token")
     for axis in (steps_ax, tokens_ax):
         axis.grid(alpha=0.3)
@@ -348,6 +388,7 @@ def main():
             "rcc",
             "drafts",
             "drafts_mismatched",
+            "nord",
         ],
     )
     parser.add_argument("--steps", type=int, default=30)

@@ -171,3 +171,23 @@ def test_nord_tiny_drives_from_images(tmp_path, capsys):
     assert json.loads((out / "processor_config.json").read_text())["processor_class"] == "TinyQwen2_5_VLProcessor"
     assert (out / "difficulty_bias.png").exists()
     assert json.loads((out / "trl_grpo_ext_run.json").read_text())["methods"] == ["grpo", "difficulty"]
+
+
+def test_driving_cold_start(tmp_path, capsys):
+    out = tmp_path / "sft"
+    argv = ["sft", "--task", "driving", "--tiny", "--max_steps", "2", "--output_dir", str(out), "--report_to", "none",
+            "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    assert main(argv) == 0
+    assert f"Next: trl-grpo-ext train --trainer nord --model_name_or_path {out.resolve()}" in capsys.readouterr().out
+    assert (out / "processor_config.json").exists()  # the images went through the VLM's processor
+
+
+def test_driving_sft_rows_are_the_ground_truth():
+    from trl_grpo_ext.data.driving import driving_sft_dataset, format_waypoints
+
+    rows = driving_sft_dataset(3, seed=7)
+    assert rows.column_names == ["prompt", "completion"]
+    from trl_grpo_ext.data.driving import driving_dataset
+
+    truth = driving_dataset(3, images=False, seed=7)
+    assert [c[0]["content"] for c in rows["completion"]] == [format_waypoints(f) for f in truth["future"]]

@@ -43,7 +43,7 @@ from trl import (
 import trl_grpo_ext
 
 from . import hub
-from .data.driving import driving_dataset
+from .data.driving import driving_dataset, driving_sft_dataset
 from .data.trees import SAMPLE_TREES, questions_dataset
 from .extension import list_methods
 from .registry import _import_path
@@ -472,6 +472,11 @@ class SFTScriptArguments(_ScriptArguments):
     plan_column: str = field(default="plan", metadata={"help": "Column with the condensed plan."})
     reasoning_column: str = field(default="reasoning", metadata={"help": "Column with the reasoning."})
     answer_column: str = field(default="answer", metadata={"help": "Column with the final answer."})
+    task: str | None = field(
+        default=None,
+        metadata={"help": "A built-in cold start instead of plan rows: 'driving' (64 scenes with their ground-truth "
+                  "waypoints, for --trainer nord; default model SmolLM2-135M-Instruct).", "choices": ["driving"]},
+    )  # fmt: skip
 
 
 def make_sft_parser(subparsers=None) -> Parser:
@@ -479,7 +484,9 @@ def make_sft_parser(subparsers=None) -> Parser:
 
     types = (SFTScriptArguments, SFTConfig, ModelConfig)
     if subparsers is not None:
-        return subparsers.add_parser("sft", help="PTA-GRPO's cold start (SFT)", dataclass_types=types)
+        return subparsers.add_parser(
+            "sft", help="a cold start (SFT): PTA-GRPO's plans, or --task driving", dataclass_types=types
+        )
     return Parser(types, prog="trl-grpo-ext sft", defaults=_device_defaults())
 
 
@@ -495,24 +502,32 @@ def sft(argv: list[str]) -> Path:
     columns = dict(question=script_args.question_column, plan=script_args.plan_column,
                    reasoning=script_args.reasoning_column, answer=script_args.answer_column)  # fmt: skip
     tiny = script_args.tiny or script_args.dataset_name is None
+    driving = script_args.task == "driving"
     try:
-        rows = tiny_pta_rows() if tiny else load_dataset(script_args.dataset_name, name=script_args.dataset_config,
-                                                         data_files=script_args.data_files,
-                                                         split=script_args.dataset_train_split)  # fmt: skip
-        dataset = pta_sft_dataset(rows, **({} if tiny else columns))
+        if driving:  # the tiny model is a vision-language one: the scenes' images, then
+            dataset = driving_sft_dataset(64, images=script_args.tiny, image_size=56)
+        elif tiny:
+            dataset = pta_sft_dataset(tiny_pta_rows())
+        else:
+            rows = load_dataset(script_args.dataset_name, name=script_args.dataset_config,
+                                data_files=script_args.data_files, split=script_args.dataset_train_split)  # fmt: skip
+            dataset = pta_sft_dataset(rows, **columns)
     except (KeyError, ValueError) as exc:
         raise CLIError(f"{_one_line(exc)}; name the columns with --question_column, --plan_column, ...") from exc
     except Exception as exc:  # offline, not found, bad files: all mean the same here
         raise CLIError(f"dataset {script_args.dataset_name!r} could not be loaded: {_one_line(exc)}") from exc
-    tiny_model = script_args.tiny or model_args.model_name_or_path is None
-    model, processing_class = script_args.tiny_model() if tiny_model else (model_args.model_name_or_path, None)
+    tiny_model = script_args.tiny or (model_args.model_name_or_path is None and not driving)
+    if tiny_model:
+        model, processing_class = script_args.tiny_model(vision=driving)
+    else:
+        model, processing_class = model_args.model_name_or_path or _real_model(script_args), None
     trainer = SFTTrainer(model=model, args=sft_args, train_dataset=dataset, processing_class=processing_class,
                          peft_config=get_peft_config(model_args))  # fmt: skip
     trainer.train()
     out = Path(sft_args.output_dir).resolve()
     trainer.save_model(str(out))
     print(f"Cold start done ({trainer.state.global_step} steps); saved to {out}. Next: trl-grpo-ext train "
-          f"--trainer pta --model_name_or_path {out}")  # fmt: skip
+          f"--trainer {'nord' if driving else 'pta'} --model_name_or_path {out}")  # fmt: skip
     return out
 
 

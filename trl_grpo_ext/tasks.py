@@ -205,7 +205,7 @@ def heldout_driving_score(model, tokenizer, rows=None, max_new_tokens: int = 48,
         for start in range(0, len(rows), batch_size):
             chunk = rows.select(range(start, min(start + batch_size, len(rows))))
             texts = [
-                tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in chunk["prompt"]
+                template.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in chunk["prompt"]
             ]
             inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,

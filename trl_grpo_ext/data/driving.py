@@ -38,6 +38,7 @@ __all__ = [
     "format_waypoints",
     "scene_prompt",
     "driving_dataset",
+    "driving_sft_dataset",
 ]
 
 LANE_WIDTH = 3.5
@@ -162,4 +163,16 @@ def driving_dataset(n: int = 64, *, seed: int = 0, images: bool = True, image_si
         columns["kind"].append(sample["kind"])
         if images:
             columns["image"].append(render_scene(sample, image_size))
+    return Dataset.from_dict(columns)
+
+
+def driving_sft_dataset(n: int = 64, *, seed: int = 500, **kwargs) -> Dataset:
+    """A cold start on the answer format: `n` scenes (seed 500 by default, not the driving task's training or held-out
+    seeds) as TRL's prompt-completion rows, the completion the ground-truth waypoints (`format_waypoints`).
+    `kwargs` go to `driving_dataset` (`images=False` unless given)."""
+    rows = driving_dataset(n, seed=seed, **{"images": False, **kwargs})
+    answers = [[{"role": "assistant", "content": format_waypoints(f)}] for f in rows["future"]]
+    columns = {"prompt": rows["prompt"], "completion": answers}
+    if "image" in rows.column_names:
+        columns["image"] = rows["image"]
     return Dataset.from_dict(columns)
