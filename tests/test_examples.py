@@ -113,3 +113,10 @@ def test_monitor_example_writes_its_report(tmp_path, extra):
     stdout = run_example("monitor.py", tmp_path / "out", *extra)
     assert "# Reward-hacking monitor report" in stdout and "| component_hacking | watched |" in stdout
     assert (tmp_path / "out" / "reward_hacking.json").exists()
+
+
+def test_nord_example_drives_a_tiny_vlm(tmp_path):
+    stdout = run_example("nord.py", tmp_path / "out")
+    assert "advantage mass by difficulty over 6 groups (this run: scale_rewards='none')" in stdout
+    assert "      loss: cruise" in stdout and f"saved to {tmp_path / 'out'}" in stdout
+    assert (tmp_path / "out" / "difficulty_bias.png").exists()
