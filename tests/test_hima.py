@@ -101,3 +101,132 @@ def test_memory_resume_is_exact():
         "what is 5 + 5", "add", 0.95, step=9
     )
     assert restored.state_dict() == memory.state_dict()
+
+
+# ---------------------------------------------------------------------------------------------- training
+SCRIPTS = {  # per agent, the outputs it cycles through: right and wrong routes, tool calls and answers
+    "router": ["<route>calc</route>", "<route>qa</route>", "<route>calc</route>", "no route"],
+    "calc": ['<tool_call>{"name": "calculator", "arguments": {"expression": "A + B"}}</tool_call>',
+             '<tool_call>{"name": "calculator", "arguments": {"expression": "A - B"}}</tool_call>'],
+    "qa": ["SUM", "0"],
+}  # fmt: skip
+
+
+def scripted_agents(monkeypatch, trainer):
+    """Each agent call writes the next of its scripts (A, B and SUM filled from the question)."""
+    import itertools
+    import re
+
+    tokenizer = trainer.processing_class
+    counters = {name: itertools.count() for name in SCRIPTS}
+    roles = {a.name: a.role for a in trainer.extension("hima").hierarchy.agents}
+    calls = []
+
+    def generate_stage(prompts, plan, *, num_generations, max_new_tokens=None, stop=(), rows=None):
+        out = []
+        for messages in prompts:
+            agent = next(name for name, role in roles.items() if messages[0]["content"].startswith(role))
+            a, b = map(int, re.findall(r"\d+", messages[-1]["content"])[:2])
+            text = SCRIPTS[agent][next(counters[agent]) % len(SCRIPTS[agent])]
+            text = text.replace("SUM", str(a + b)).replace("A", str(a)).replace("B", str(b))
+            out.append(
+                tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+            )
+            calls.append(agent)
+        return out, None
+
+    monkeypatch.setattr(trainer, "generate_stage", generate_stage)
+    return calls
+
+
+def hima_trainer(tiny_model_path, tokenizer, tmp_path, **overrides):
+    from trl_grpo_ext import HiMAConfig, HiMATrainer
+    from trl_grpo_ext.testing import tiny_dataset
+
+    from .conftest import make_config
+
+    settings = {"num_generations": 4, "per_device_train_batch_size": 8, "hima_alternatives": 2,
+                "max_completion_length": 32, "max_steps": 2, **overrides}  # fmt: skip
+    args = make_config(tmp_path, HiMAConfig, **settings)
+    return HiMATrainer(str(tiny_model_path), args=args, train_dataset=tiny_dataset(16), processing_class=tokenizer,
+                       hierarchy="toy", reward_funcs=["last_integer", "hima_format", "hima_efficiency"])  # fmt: skip
+
+
+@pytest.mark.parametrize("top_k", ["all", "1"])
+def test_node_groups_top_k_and_updates(tiny_model_path, tokenizer, tmp_path, monkeypatch, top_k):
+    trainer = hima_trainer(tiny_model_path, tokenizer, tmp_path, hima_top_k=top_k)
+    calls = scripted_agents(monkeypatch, trainer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    hima, batch = trainer.extension("hima"), trainer.last_batch
+    # 2 questions x 2 node slots x 2 alternatives; slot 0 is the router's call, slot 1 the agent it routed to
+    owners = hima._owners
+    assert owners[0] == owners[1] == "router" and owners[4] == owners[5] == "router"
+    assert set(calls) == {"router", "calc", "qa"}
+    rewards = batch.rewards
+    groups = torch.arange(8) // 2
+    expected = select_node_groups(rewards[:4], groups[:4], "all" if top_k == "all" else 1)
+    expected += select_node_groups(rewards[4:], groups[4:], "all" if top_k == "all" else 1)
+    kept = torch.isin(groups, torch.tensor(expected, dtype=torch.long))
+    assert torch.equal(~kept, batch.dropped.cpu())  # the rows of the groups left out are out of the loss
+    adv = node_group_advantages(rewards, groups)
+    assert batch.current_advantages.cpu().tolist() == pytest.approx(adv.tolist(), abs=1e-5)
+    if top_k == "1":
+        assert sum(1 for g in range(4) if g in expected) <= 2  # one group per question at most
+    # a trained row's prompt is its agent's prompt at that node; rewards saw the system's final answer
+    text = tokenizer.decode(batch._output["prompt_ids"][0][batch._output["prompt_mask"][0].bool()])
+    assert "You route questions." in text and "<route>NAME</route>" in text
+    logs = {k for entry in trainer.state.log_history for k in entry}
+    assert {"hima/node_groups", "hima/selected_groups", "hima/selected_calc", "hima/memory_size_qa"} <= logs
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
+    assert changed  # kept groups with varying rewards moved the shared weights
+
+
+def test_the_tool_and_the_answer_reach_the_reward(tiny_model_path, tokenizer, tmp_path, monkeypatch):
+    trainer = hima_trainer(tiny_model_path, tokenizer, tmp_path, max_steps=1)
+    scripted_agents(monkeypatch, trainer)
+    trainer.train()
+    systems = trainer.extension("hima")._systems
+    by_path = {tuple(c.agent for c in s.calls): s for s in systems}
+    calc = next(s for path, s in by_path.items() if path == ("router", "calc"))
+    a, b = calc.question.split("What is ")[1].rstrip("?").split(" + ")
+    assert calc.answer in (str(int(a) + int(b)), str(int(a) - int(b)))  # the calculator's result is the answer
+    assert all(s.format_ok for s in systems if s.calls[0].text.startswith("<route>"))
+    unrouted = [s for s in systems if s.bad_route]
+    assert all(len(s.calls) == 1 and s.answer == "no route" for s in unrouted)
+    accuracy = trainer.last_batch.rewards_per_func[:, 0]
+    for s, r in zip(systems, accuracy.tolist(), strict=True):
+        a, b = s.question.split("What is ")[1].rstrip("?").split(" + ")
+        assert r == (1.0 if s.answer == str(int(a) + int(b)) else 0.0)
+
+
+def test_memory_survives_a_checkpoint(tiny_model_path, tokenizer, tmp_path, monkeypatch):
+    trainer = hima_trainer(tiny_model_path, tokenizer, tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    scripted_agents(monkeypatch, trainer)
+    trainer.train()
+    stored = trainer.extension("hima").memories["qa"].state_dict()
+    assert stored["entries"]  # the QA agent was called and remembered (warm-up: every answer is added)
+    from trl_grpo_ext.methods.hima import HiMA
+    from trl_grpo_ext.trainer import STATE_FILE
+
+    saved = torch.load(tmp_path / "out" / "checkpoint-2" / STATE_FILE, weights_only=True)  # what resume loads
+    fresh = HiMA("toy")
+    fresh.load_state_dict(saved["hima"])
+    assert fresh.memories["qa"].state_dict() == stored
+
+
+def test_hima_config_errors(tmp_path):
+    from trl_grpo_ext import GRPOExtTrainer, HiMAConfig
+
+    from .conftest import make_config
+
+    with pytest.raises(ValueError, match="hima_top_k is set, but hima_hierarchy is not"):
+        GRPOExtTrainer("unused", ["accuracy"], args=make_config(tmp_path, HiMAConfig, hima_top_k="2"))
+    with pytest.raises(ValueError, match="num_generations=4 must be a multiple of hima_alternatives=3"):
+        make_config(tmp_path, HiMAConfig, hima_hierarchy="toy", hima_alternatives=3)
+    with pytest.raises(ValueError, match="hima_top_k='some'"):
+        make_config(tmp_path, HiMAConfig, hima_hierarchy="toy", hima_alternatives=2, hima_top_k="some")
+    bad = tmp_path / "h.yaml"
+    bad.write_text("master: router\nagents:\n  router: {role: Route., routes: [search]}\n")
+    with pytest.raises(ValueError, match="routes to 'search', which does not exist"):
+        make_config(tmp_path, HiMAConfig, hima_hierarchy=str(bad), hima_alternatives=2)

@@ -201,7 +201,8 @@ def test_every_recipe_runs_on_the_real_model(recipe, real_path, tmp_path, capsys
     rows = tmp_path / "addition.jsonl"
     addition_dataset().to_json(str(rows))
     # Tree-OPO's rows are its trees' questions: the shipped trees of the addition task, with no dataset named.
-    data = (["--prefix_trees", SAMPLE_TREES] if recipe.stem == "tree_opo"
+    # NoRD's recipe names the built-in driving task (its rows carry `future` and `scene`, which the reward reads).
+    data = (["--prefix_trees", SAMPLE_TREES] if recipe.stem == "tree_opo" else [] if recipe.stem == "nord"
             else ["--dataset_name", "json", "--data_files", str(rows)])  # fmt: skip
     out = tmp_path / "run"
     argv = ["train", "--config", str(recipe), "--model_name_or_path", real_path, *data, "--max_steps", "1", "--max_completion_length", "16", "--num_generations", "4",

@@ -7,6 +7,7 @@ from .config import (
     BiCCGRPOConfig,
     DraftGRPOConfig,
     GRPOExtConfig,
+    HiMAConfig,
     NoRDConfig,
     ProRLConfig,
     PTAGRPOConfig,
@@ -14,6 +15,7 @@ from .config import (
 )
 from .extension import Extension, Method, TrainerInputs, get_method, list_methods, register_method
 from .methods.curriculum import TokenBudgetCurriculum
+from .methods.hima import Agent, Hierarchy, MemoryStore
 from .methods.monitor import RewardHackingMonitor
 from .methods.nord import DifficultyBiasDiagnostic
 from .methods.prorl import ProRLResetCallback
@@ -25,6 +27,7 @@ from .trainers import (
     BiCCGRPOTrainer,
     CurriculumGRPOTrainer,
     DraftGRPOTrainer,
+    HiMATrainer,
     NoRDTrainer,
     ProRLTrainer,
     PTAGRPOTrainer,
@@ -56,6 +59,11 @@ __all__ = [
     "NoRDConfig",
     "NoRDTrainer",
     "DifficultyBiasDiagnostic",
+    "HiMAConfig",
+    "HiMATrainer",
+    "Hierarchy",
+    "Agent",
+    "MemoryStore",
     "Extension",
     "TrainerInputs",
     "Method",

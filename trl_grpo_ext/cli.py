@@ -355,7 +355,7 @@ def train(argv: list[str]) -> Path:
         summary = f"mean reward {rewards_logged[0]:.3f} -> {rewards_logged[-1]:.3f}; " if rewards_logged else ""
         if heldout:
             (_, before), (_, after) = heldout[0].history[0], heldout[0].history[-1]
-            summary += f"{heldout[0].label} (greedy) {before:.3f} -> {after:.3f}; "
+            summary += f"{heldout[0].label} {before:.3f} -> {after:.3f}; "
         print(f"Trained {trainer.state.global_step} steps; {summary}saved to {out}")
     return out
 

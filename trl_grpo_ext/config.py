@@ -11,6 +11,7 @@ from .methods.bicc import BiCCConfig
 from .methods.curriculum import CurriculumConfig
 from .methods.drafts import DraftConfig
 from .methods.dynamic_sampling import DynamicSamplingConfig
+from .methods.hima import HiMAConfigSection
 from .methods.monitor import MonitorConfig
 from .methods.nord import NoRDConfigSection
 from .methods.prefixes import PrefixColumnsConfig
@@ -30,6 +31,7 @@ SECTIONS = (
     DraftConfig,
     MonitorConfig,
     NoRDConfigSection,
+    HiMAConfigSection,
 )
 
 
@@ -182,3 +184,17 @@ class NoRDConfig(GRPOExtConfig):
     num_generations: int | None = field(default=8, metadata={"help": "Trajectories per scene."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Rows per device and step (whole groups)."})
     difficulty_diagnostic: bool = field(default=True, metadata={"help": "Log the difficulty-bias diagnostic."})
+
+
+@dataclass
+class HiMAConfig(GRPOExtConfig):
+    r"""`GRPOExtConfig` for HiMA-R1 (arXiv 2506.19846): set `hima_hierarchy` (a file, or `toy`), or pass `hierarchy=`
+    to `HiMATrainer`. Every field can be set.
+
+    Defaults that differ from `GRPOExtConfig`:
+        num_generations (8) and per_device_train_batch_size (8): one question per step and process, 2 node groups of
+            `hima_alternatives` = 4 alternatives each.
+    """
+
+    num_generations: int | None = field(default=8, metadata={"help": "Rows per question: node slots x alternatives."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Rows per device and step (whole groups)."})

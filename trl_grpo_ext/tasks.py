@@ -137,7 +137,7 @@ class HeldoutAccuracy(TrainerCallback):
     """Logs `heldout/accuracy` (greedy, on the held-out problems) at the start, every `every` steps and at the end."""
 
     key = "heldout/accuracy"
-    label = "held-out accuracy"
+    label = f"held-out accuracy (greedy, {HELDOUT_SIZE} problems)"
 
     def __init__(self, every: int | None = None, max_new_tokens: int = 24, system: str | None = None):
         self.every, self.max_new_tokens, self.system = every, max_new_tokens, system
@@ -223,7 +223,7 @@ class HeldoutDrivingScore(HeldoutAccuracy):
     at the end."""
 
     key = "heldout/driving_score"
-    label = "held-out driving score"
+    label = f"held-out driving score (greedy, {DRIVING_HELDOUT_SIZE} scenes)"
 
     def __init__(self, every: int | None = None, max_new_tokens: int = 48, rows=None):
         super().__init__(every=every, max_new_tokens=max_new_tokens)

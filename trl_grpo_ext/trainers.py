@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, NoRDConfig, ProRLConfig, PTAGRPOConfig
+from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, HiMAConfig, NoRDConfig, ProRLConfig, PTAGRPOConfig
 from .methods.bicc import check_bicc_config
 from .methods.curriculum import check_schedule
 from .methods.drafts import check_draft_config
+from .methods.hima import check_hima_config
 from .methods.prorl import ProRLResetCallback
 from .methods.pta import PlanValueReward
 from .rewards import get_reward
@@ -191,4 +192,31 @@ class NoRDTrainer(GRPOExtTrainer):
             raise TypeError(f"NoRDTrainer needs a GRPOExtConfig (or NoRDConfig), got {type(args).__name__}.")
         if reward_funcs is None:
             reward_funcs = [get_reward("trajectory")]
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+
+
+class HiMATrainer(GRPOExtTrainer):
+    """HiMA-R1 (JoyAgents-R1, arXiv 2506.19846): a hierarchy of agents on one model, trained together by VR-GRPO.
+
+    The rollout, the node groups, the top-K filter and the memory stores are `trl_grpo_ext.methods.hima.HiMA`'s. Give
+    the hierarchy as `hierarchy=` (a `Hierarchy`, a mapping, a file path or `"toy"`) or as `hima_hierarchy` in the
+    config (`HiMAConfig`). Without `reward_funcs`: R = R_accuracy + R_format − R_efficiency, i.e.
+    `hima_accuracy_reward` (default `accuracy`), `hima_format` and `hima_efficiency` (which returns −cost).
+    """
+
+    def __init__(self, model, reward_funcs=None, args: GRPOExtConfig | None = None, *pos, hierarchy=None, **kwargs):
+        args = args if args is not None else HiMAConfig(output_dir="HiMA")
+        if not isinstance(args, GRPOExtConfig):
+            raise TypeError(f"HiMATrainer needs a GRPOExtConfig (or HiMAConfig), got {type(args).__name__}.")
+        if hierarchy is None and args.hima_hierarchy is None:
+            raise ValueError("HiMATrainer needs a hierarchy: hierarchy=Hierarchy(...) (or a YAML file, or 'toy'), or "
+                             "hima_hierarchy in the config.")  # fmt: skip
+        if hierarchy is not None:
+            if args.hima_hierarchy is not None:
+                raise ValueError("give the hierarchy once: hierarchy= or hima_hierarchy, not both.")
+            args.hima_hierarchy = hierarchy  # a Hierarchy, a mapping, a file or "toy": the extension loads it
+            check_hima_config(args)
+        if reward_funcs is None:
+            reward_funcs = [get_reward(args.hima_accuracy_reward), get_reward("hima_format"),
+                            get_reward("hima_efficiency")]  # fmt: skip
         super().__init__(model, reward_funcs, args, *pos, **kwargs)

@@ -5,7 +5,7 @@ Importing a module registers its method (`trl_grpo_ext.extension.list_methods()`
 
 from . import arpo, curriculum, dynamic_sampling, prefixes, prorl, pta, segments, tree_opo  # noqa: I001
 from . import bicc  # registered after the first methods: the methods list keeps the order they were added in
-from . import drafts, monitor, nord
+from . import drafts, hima, monitor, nord
 
 __all__ = [
     "arpo",
@@ -13,6 +13,7 @@ __all__ = [
     "curriculum",
     "drafts",
     "dynamic_sampling",
+    "hima",
     "monitor",
     "nord",
     "prefixes",

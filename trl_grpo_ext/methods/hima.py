@@ -19,13 +19,22 @@ This module holds the hierarchy description and its validation (`Agent`, `Hierar
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 
-__all__ = ["Agent", "Hierarchy", "node_group_advantages", "select_node_groups", "MemoryEntry", "MemoryStore"]
+from ..extension import Extension, Method, TrainerInputs, register_method
+from ..registry import _import_path
+from ..rewards import register_reward
+from ..rollout import Rollout, RolloutPlan
+
+__all__ = ["Agent", "Hierarchy", "node_group_advantages", "select_node_groups", "MemoryEntry", "MemoryStore",
+           "HiMA", "HiMAConfigSection", "check_hima_config", "toy_hierarchy", "load_hierarchy"]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- the hierarchy
@@ -308,3 +317,418 @@ class MemoryStore:
         self.entries = {e["key"]: MemoryEntry(**e) for e in state.get("entries", [])}
         self.history = list(state.get("history", []))
         self.step = int(state.get("step", 0))
+
+
+# ---------------------------------------------------------------------------------------------- the toy
+def toy_hierarchy() -> Hierarchy:
+    """The two-level toy of the tests, the CLI's built-in task and the example: a router that sends a question to a
+    calculator agent (with the `calculator` tool) or a QA agent, which answers."""
+    from ..tools import calculator
+
+    return Hierarchy(
+        [
+            Agent(
+                "router", "You route questions. Arithmetic goes to calc, anything else to qa.", routes=["calc", "qa"]
+            ),
+            Agent("calc", "You solve arithmetic with the calculator tool.", tools=[calculator], max_tokens=64),
+            Agent("qa", "You answer the question with just the answer.", memory=True, max_tokens=32),
+        ],
+        master="router",
+        max_calls=3,
+        max_tokens=160,
+    )
+
+
+def load_hierarchy(spec) -> Hierarchy:
+    """A `Hierarchy` from itself, `"toy"`, a mapping, or the path of a YAML / JSON file holding the mapping."""
+    if isinstance(spec, Hierarchy):
+        return spec
+    if spec == "toy":
+        return toy_hierarchy()
+    if isinstance(spec, Mapping):
+        return Hierarchy.from_dict(spec)
+    path = Path(spec)
+    if not path.exists():
+        raise ValueError(f"hima_hierarchy={str(spec)!r}: no such file; give a YAML / JSON hierarchy file or 'toy'.")
+    import yaml
+
+    return Hierarchy.from_dict(yaml.safe_load(path.read_text()))
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclass
+class HiMAConfigSection:
+    """Config section: HiMA-R1's hierarchy of agents (arXiv 2506.19846; `trl_grpo_ext.methods.hima`).
+
+    > Parameters of HiMA-R1 (hierarchical multi-agent RL, VR-GRPO; docs/hima.md)
+
+    hima_hierarchy (`str`, *optional*):
+        The hierarchy: a YAML / JSON file (`master`, `agents: {name: {role, routes, tools, memory, max_tokens}}`,
+        `max_calls`, `max_tokens`) or `toy` (router, calculator agent, QA agent). Setting it switches HiMA on.
+    hima_alternatives (`int`, *optional*, defaults to `4`):
+        G, alternatives sampled at each node with the system's prefix fixed. `num_generations` must be a multiple
+        of G: each question gets num_generations / G node groups.
+    hima_top_k (`str`, *optional*, defaults to `"all"`):
+        Node groups kept per question, those with the largest reward variance (a whole number, or `all`); the rows
+        of the others leave the loss, so their agents get no update from them.
+    hima_accuracy_reward (`str`, *optional*, defaults to `"accuracy"`):
+        R_accuracy of `HiMATrainer`'s default rewards (R = R_accuracy + R_format − R_efficiency).
+    hima_memory_capacity (`int`, *optional*, defaults to `64`):
+        Entries per memory store (agents with `memory: true`).
+    hima_memory_retrieve (`int`, *optional*, defaults to `2`):
+        Entries retrieved into a memory agent's prompt.
+    """
+
+    hima_hierarchy: str | None = field(default=None, metadata={"help": "HiMA: hierarchy file (YAML/JSON) or 'toy'."})
+    hima_alternatives: int = field(default=4, metadata={"help": "HiMA: alternatives per node (G)."})
+    hima_top_k: str = field(default="all", metadata={"help": "HiMA: node groups kept per question (int or 'all')."})
+    hima_accuracy_reward: str = field(default="accuracy", metadata={"help": "HiMA: the R_accuracy reward."})
+    hima_memory_capacity: int = field(default=64, metadata={"help": "HiMA: entries per memory store."})
+    hima_memory_retrieve: int = field(default=2, metadata={"help": "HiMA: entries retrieved into a prompt."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.hima_hierarchy is not None:  # `HiMATrainer(hierarchy=...)` may set it later: checked there again
+            check_hima_config(self)
+
+
+def check_hima_config(args) -> None:
+    """The HiMA fields of a config whose `hima_hierarchy` is set (the hierarchy itself included), before any model
+    loads."""
+    load_hierarchy(args.hima_hierarchy)
+    g = args.hima_alternatives
+    if isinstance(g, bool) or not isinstance(g, int) or g < 2:
+        raise ValueError(f"hima_alternatives={g!r} must be a whole number >= 2 (a node group needs variance).")
+    if args.num_generations % g:
+        raise ValueError(f"num_generations={args.num_generations} must be a multiple of hima_alternatives={g}: "
+                         f"each question gets num_generations / G node groups; e.g. num_generations={2 * g}.")  # fmt: skip
+    _top_k(args.hima_top_k)
+    for name in ("hima_memory_capacity", "hima_memory_retrieve"):
+        value, low = getattr(args, name), 1 if name.endswith("capacity") else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} must be a whole number >= {low}.")
+    args.require_whole_groups("HiMA (a question's node groups are generated together)")
+
+
+def _top_k(value) -> int | str:
+    if value == "all":
+        return "all"
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        k = 0
+    if k < 1 or isinstance(value, bool):
+        raise ValueError(f"hima_top_k={value!r} must be a whole number >= 1 or 'all'.")
+    return k
+
+
+# ---------------------------------------------------------------------------------------------- the rollout
+_ROUTE = re.compile(r"<route>\s*([\w-]+)\s*</route>(.*)", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+@dataclass
+class _Call:
+    """One agent call of a system trajectory: who, after what, and what it wrote."""
+
+    agent: str
+    messages: list
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+
+
+@dataclass
+class _System:
+    """A system trajectory being run: the calls so far, the next one, its final answer."""
+
+    row: int  # the batch row whose columns and tool tables it uses
+    question: str
+    calls: list[_Call] = field(default_factory=list)
+    pending: _Call | None = None
+    answer: str | None = None
+    format_ok: list[bool] = field(default_factory=list)
+    bad_route: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(c.output_ids) for c in self.calls)
+
+
+def _question(prompt) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    users = [m.get("content") for m in prompt if m.get("role") == "user"]
+    content = users[-1] if users else ""
+    if isinstance(content, list):
+        content = " ".join(part.get("text", "") for part in content if part.get("type") == "text")
+    return content
+
+
+class HiMA(Extension):
+    """Owns the training rollout: the hierarchy's system trajectories and VR-GRPO's node groups.
+
+    Per question (a group of `num_generations` rows, S = num_generations / G node slots): one reference system
+    trajectory is sampled (the master's call, then the agent it routes to, and so on, until an agent answers, or
+    `max_calls` / `max_tokens` run out). For node slot j its node is call j of the reference (slot j cycles over
+    the calls when there are fewer than S): G alternatives of that call are sampled with the system's prefix fixed,
+    and the system finishes from each (later calls sampled afresh). Each training row is one alternative: its prompt
+    is the agent's prompt at that node (role, routes, tools, retrieved memory, the question), its completion the
+    agent's output; reward functions see the system's final answer (`completions`), the question's columns, and
+    `hima_format` / `hima_cost` (extra fields: the share of calls that followed the protocol, and
+    (calls / max_calls + tokens / max_tokens) / 2).
+
+    After scoring, rewards are normalised within each node group; per question the `hima_top_k` groups with the
+    largest reward variance are kept and the rows of the others dropped (their owners get no gradient from them).
+    Memory agents' stores observe every row's R_accuracy + R_format (the rewards other than `hima_efficiency`).
+
+    Protocol: a routing agent writes `<route>NAME</route>` (text after it is passed on to NAME); an agent with tools
+    calls one in TRL's format, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, and the tool's result is
+    its answer; any other output of an agent is its answer.
+    """
+
+    name = "hima"
+    owns_rollout = True
+
+    def __init__(self, hierarchy, alternatives: int = 4, top_k: int | str = "all", memory_capacity: int = 64,
+                 memory_retrieve: int = 2):  # fmt: skip
+        self.hierarchy = load_hierarchy(hierarchy)
+        self.alternatives, self.top_k, self.retrieve = alternatives, _top_k(top_k), memory_retrieve
+        self.memories = {a.name: MemoryStore(capacity=memory_capacity) for a in self.hierarchy.agents if a.memory}
+        self.tools = {}
+        for agent in self.hierarchy.agents:
+            resolved = [_import_path(t, "tool") if isinstance(t, str) else t for t in agent.tools]
+            self.tools[agent.name] = {fn.__name__: fn for fn in resolved}
+        self._systems: list[_System] = []
+        self._owners: list[str] = []
+
+    def check(self, inputs: TrainerInputs) -> None:
+        if inputs.rollout_func is not None or inputs.environment_factory is not None or inputs.tools:
+            raise ValueError("HiMA runs the hierarchy itself: its agents carry their tools (hierarchy `tools:`); unset "
+                             "rollout_func, environment_factory and the trainer's tools.")  # fmt: skip
+        if inputs.args.num_generations % self.alternatives:
+            raise ValueError(f"num_generations={inputs.args.num_generations} must be a multiple of "
+                             f"hima_alternatives={self.alternatives}.")  # fmt: skip
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        if trainer.accelerator.num_processes > 1:
+            raise NotImplementedError("HiMA's rollout runs on one process for now (its agent calls differ per "
+                                      "process); train it with one process.")  # fmt: skip
+
+    # ---- prompts
+    def _messages(self, agent_name: str, question: str, message: str = "") -> list:
+        agent = self.hierarchy.agent(agent_name)
+        system = agent.role
+        if agent.routes:
+            system += f" Route by writing <route>NAME</route>, NAME one of: {', '.join(agent.routes)}."
+        if self.tools[agent_name]:
+            from transformers.utils import get_json_schema
+
+            schemas = json.dumps([get_json_schema(fn) for fn in self.tools[agent_name].values()])
+            system += (" You may call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; "
+                       f"its result is your answer. Tools: {schemas}")  # fmt: skip
+        memory = self.memories.get(agent_name)
+        if memory is not None and self.retrieve:
+            found = memory.retrieve(question, self.retrieve)
+            if found:
+                system += " Earlier experience: " + " | ".join(f"{e.key} -> {e.content}" for e in found)
+        user = question if not message.strip() else f"{question}\n{message.strip()}"
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    # ---- running calls
+    def _generate(self, plan: RolloutPlan, systems: list[_System], block: int = 1) -> None:
+        """Generate the pending call of every system (in blocks of `block` rows that share their call)."""
+        trainer = self.trainer
+        caps = []
+        for system in systems:
+            agent = self.hierarchy.agent(system.pending.agent)
+            caps.append(
+                min(agent.max_tokens or trainer.max_completion_length, self.hierarchy.max_tokens - system.tokens)
+            )
+        rows = [s.row for s in systems]
+        prompts = [s.pending.messages for s in systems]
+        stage = RolloutPlan(rows=[plan.rows[r] for r in rows], mode=plan.mode, num_generations=block)
+        routing = any(self.hierarchy.agent(s.pending.agent).routes for s in systems)
+        ids, _ = trainer.generate_stage(prompts, stage, num_generations=block, max_new_tokens=max(max(caps), 1),
+                                        stop=["</route>"] if routing else [], rows=rows)  # fmt: skip
+        prompt_ids = trainer.tokenize_prompts(prompts, rows=rows)
+        for system, out, cap, p_ids in zip(systems, ids, caps, prompt_ids, strict=True):
+            call = system.pending
+            call.prompt_ids, call.output_ids = list(p_ids), list(out)[: max(cap, 0)]
+            call.text = trainer.tokenizer.decode(call.output_ids, skip_special_tokens=True)
+            system.calls.append(call)
+            system.pending = None
+            self._advance(system)
+
+    def _advance(self, system: _System) -> None:
+        """Read the last call's output: route on, run a tool, or answer."""
+        call = system.calls[-1]
+        agent = self.hierarchy.agent(call.agent)
+        route = _ROUTE.search(call.text) if agent.routes else None
+        if agent.routes:
+            target = route.group(1) if route else None
+            if target in agent.routes and len(system.calls) < self.hierarchy.max_calls and \
+                    system.tokens < self.hierarchy.max_tokens:  # fmt: skip
+                system.format_ok.append(True)
+                system.pending = _Call(target, self._messages(target, system.question, route.group(2)))
+                return
+            system.format_ok.append(target in agent.routes)
+            system.bad_route = target not in agent.routes
+            system.answer = call.text
+            return
+        tool = _TOOL_CALL.search(call.text) if self.tools[call.agent] else None
+        if tool is not None:
+            try:
+                request = json.loads(tool.group(1))
+                system.answer = str(self.tools[call.agent][request["name"]](**request.get("arguments", {})))
+                system.format_ok.append(True)
+            except Exception as exc:  # a malformed call, an unknown tool, the tool's own error: the answer says so
+                system.answer = f"tool error: {exc}"
+                system.format_ok.append(False)
+            return
+        system.answer = call.text
+        system.format_ok.append(bool(call.text.strip()))
+
+    def _finish(self, plan: RolloutPlan, systems: list[_System]) -> None:
+        while True:
+            pending = [s for s in systems if s.pending is not None]
+            if not pending:
+                return
+            self._generate(plan, pending)
+
+    # ---- the hook
+    def rollout(self, plan: RolloutPlan, prompts: list) -> Rollout | None:
+        rows = len(plan.rows)
+        master = self.hierarchy.master
+        if plan.mode != "train":  # evaluation: every row runs the system once
+            systems = [_System(r, _question(prompts[r])) for r in range(rows)]
+            for s in systems:
+                s.pending = _Call(master, self._messages(master, s.question))
+            self._finish(plan, systems)
+            return self._to_rollout(systems, [s.calls[0] for s in systems])
+        ng, g = plan.num_generations, self.alternatives
+        slots = ng // g
+        references = [_System(p, _question(prompts[p])) for p in range(0, rows, ng)]
+        for s in references:
+            s.pending = _Call(master, self._messages(master, s.question))
+        self._finish(plan, references)
+        systems, nodes = [], []
+        for ref in references:
+            for j in range(slots):
+                k = j % len(ref.calls)
+                node = ref.calls[k]
+                for _ in range(g):
+                    alt = _System(ref.row, ref.question, calls=[_Call(c.agent, c.messages, c.prompt_ids, c.output_ids,
+                                                                       c.text) for c in ref.calls[:k]],
+                                  format_ok=list(ref.format_ok[:k]))  # fmt: skip
+                    alt.pending = _Call(node.agent, node.messages)
+                    systems.append(alt)
+                    nodes.append(k)
+        self._generate(plan, systems, block=g)  # the alternatives of a node: blocks of G rows with one prompt
+        self._finish(plan, systems)
+        return self._to_rollout(systems, [s.calls[k] for s, k in zip(systems, nodes, strict=True)])
+
+    def _to_rollout(self, systems: list[_System], trained: list[_Call]) -> Rollout:
+        h = self.hierarchy
+        self._systems, self._owners = systems, [c.agent for c in trained]
+        cost = [(len(s.calls) / h.max_calls + min(s.tokens, h.max_tokens) / h.max_tokens) / 2 for s in systems]
+        fmt = [sum(s.format_ok) / max(len(s.format_ok), 1) for s in systems]
+        self.log("calls", sum(len(s.calls) for s in systems) / len(systems))
+        self.log("system_tokens", sum(s.tokens for s in systems) / len(systems))
+        self.log("bad_routes", sum(s.bad_route for s in systems) / len(systems))
+        for agent in h.order():
+            self.log(f"rows_{agent}", self._owners.count(agent) / len(systems))
+        return Rollout(
+            prompt_ids=[list(c.prompt_ids) for c in trained],
+            completion_ids=[list(c.output_ids) for c in trained],
+            completions=[[{"role": "assistant", "content": s.answer or ""}] for s in systems],
+            extra_fields={"hima_format": fmt, "hima_cost": cost, "hima_agent": list(self._owners)},
+        )
+
+    def after_scoring(self, batch) -> None:
+        if batch.mode != "train" or len(self._owners) != batch.num_scored:
+            return
+        g = self.alternatives
+        rewards = torch.nan_to_num(batch.rewards.float().cpu(), nan=0.0)
+        groups = torch.arange(rewards.numel()) // g
+        slots = batch.num_generations // g
+        selected = []
+        for start in range(0, int(groups.max()) + 1, slots):
+            mine = (groups >= start) & (groups < start + slots)
+            selected += select_node_groups(rewards[mine], groups[mine], self.top_k)
+        keep = torch.isin(groups, torch.tensor(selected, dtype=torch.long))
+        advantages = node_group_advantages(rewards, groups, scale=self.trainer.args.scale_rewards != "none")
+        batch.set_advantages(batch.local(advantages), source="HiMA")
+        batch.drop_rows(batch.local(~keep))
+        total = int(groups.max()) + 1
+        self.log("node_groups", total)
+        self.log("selected_groups", len(selected))
+        kept_owners = [self._owners[int(gr) * g] for gr in selected]
+        for agent in self.hierarchy.order():
+            self.log(f"selected_{agent}", kept_owners.count(agent) / max(len(selected), 1))
+        self._update_memories(batch)
+
+    def _update_memories(self, batch) -> None:
+        if not self.memories:
+            return
+        names = batch.reward_func_names
+        weights = batch.reward_weights.float().cpu()
+        per_func = torch.nan_to_num(batch.rewards_per_func.float().cpu(), nan=0.0) * weights
+        keep = [i for i, n in enumerate(names) if n != "hima_efficiency"]
+        outcome = per_func[:, keep].sum(dim=1)
+        decisions = {"add": 0, "update": 0, "delete": 0, "keep": 0}
+        for system, value in zip(self._systems, outcome.tolist(), strict=True):
+            for call in system.calls:
+                memory = self.memories.get(call.agent)
+                if memory is not None:
+                    decisions[memory.observe(system.question, system.answer or call.text, value, step=batch.step)] += 1
+        for key, count in decisions.items():
+            self.log(f"memory_{key}", count)
+        for name, memory in self.memories.items():
+            self.log(f"memory_size_{name}", len(memory.entries))
+
+    def state_dict(self) -> dict:
+        return {"memories": {name: m.state_dict() for name, m in self.memories.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, stored in state.get("memories", {}).items():
+            if name in self.memories:
+                self.memories[name].load_state_dict(stored)
+
+
+def hima_format_reward(completions, hima_format=None, **kwargs) -> list[float]:
+    """R_format: the share of the system's agent calls that followed the protocol (a HiMA rollout's `hima_format`);
+    outside one, None (left out of the reward)."""
+    if hima_format is None:
+        return [None] * len(completions)
+    return [float(v) for v in hima_format]
+
+
+def hima_efficiency_reward(completions, hima_cost=None, **kwargs) -> list[float]:
+    """−R_efficiency: minus (calls / max_calls + tokens / max_tokens) / 2 of the system trajectory (`hima_cost`)."""
+    if hima_cost is None:
+        return [None] * len(completions)
+    return [-float(v) for v in hima_cost]
+
+
+hima_format_reward.__name__ = "hima_format"
+hima_efficiency_reward.__name__ = "hima_efficiency"
+register_reward("hima_format", hima_format_reward)
+register_reward("hima_efficiency", hima_efficiency_reward)
+
+
+def _from_config(args) -> HiMA | None:
+    if getattr(args, "hima_hierarchy", None) is None:
+        changed = [f.name for f in fields(HiMAConfigSection)
+                   if f.name != "hima_hierarchy" and getattr(args, f.name, f.default) != f.default]  # fmt: skip
+        if changed:
+            raise ValueError(f"{changed[0]} is set, but hima_hierarchy is not; set hima_hierarchy (a file, or 'toy'; "
+                             f"or HiMATrainer(hierarchy=...)), or leave {changed[0]} unset.")  # fmt: skip
+        return None
+    return HiMA(args.hima_hierarchy, args.hima_alternatives, args.hima_top_k, args.hima_memory_capacity,
+                args.hima_memory_retrieve)  # fmt: skip
+
+
+register_method(Method(name="hima", title="HiMA-R1 (hierarchical multi-agent RL, VR-GRPO)", arxiv="2506.19846",
+                       extension=_from_config, trainer="HiMATrainer", config="HiMAConfig"))  # fmt: skip
