@@ -337,15 +337,15 @@ def verdict(runs: dict, method: str) -> str:
     base, ours = runs["grpo"], runs[method]
     final_base, final_ours = base["heldout"][-1][1], ours["heldout"][-1][1]
     noise = 1.5 / (DRIVING_HELDOUT_SIZE if method == "nord" else len(addition_problems("heldout")))
-    what = "driving score" if method == "nord" else "accuracy"
+    what, unit = ("driving score", "scene") if method == "nord" else ("accuracy", "problem")
     fewer = ours["steps"][-1]["generated_tokens"] < base["steps"][-1]["generated_tokens"]
     if final_ours > final_base + noise:
         return f"higher held-out {what} on the same budget" + (", in fewer generated tokens" if fewer else "")
     if final_ours >= final_base - noise and fewer:
-        return f"GRPO's {what} (within one problem) in fewer generated tokens"
+        return f"GRPO's {what} (within one held-out {unit}) in fewer generated tokens"
     if final_ours < final_base - noise:
         return f"lower held-out {what} than GRPO"
-    return "neither (within one held-out problem of GRPO, no fewer tokens)"
+    return f"neither (within one held-out {unit} of GRPO, no fewer tokens)"
 
 
 def plot(method: str, runs: dict, path: Path) -> None:
@@ -362,7 +362,7 @@ def plot(method: str, runs: dict, path: Path) -> None:
         tokens_ax.plot([tokens.get(s, 0) for s, _ in points], [a for _, a in points], marker="o", label=name)
     what = "driving score" if method == "nord" else "accuracy"
     steps_ax.set(xlabel="step", ylabel=f"held-out {what} (greedy)", title=f"{method} vs GRPO")
-    tokens_ax.set(xlabel="completion tokens generated", title="accuracy per generated token")
+    tokens_ax.set(xlabel="completion tokens generated", title=f"{what} per generated token")
     for axis in (steps_ax, tokens_ax):
         axis.grid(alpha=0.3)
         axis.legend()

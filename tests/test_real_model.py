@@ -191,6 +191,8 @@ RECIPES = sorted(
 SMALL = {
     "pta_grpo": ["--num_plans", "2", "--continuations_per_plan", "2"],
     "segment_arpo": ["--arpo_initial_rollouts", "2"],
+    # the addition rows are scored by their sum (the recipe's `accuracy` reads a `solution` column)
+    "hima": ["--hima_accuracy_reward", "last_integer", "--hima_alternatives", "2"],
 }
 
 

@@ -80,8 +80,19 @@ TASK_METHODS = {
     "tree_opo": {"prefix_trees": SAMPLE_TREES},  # the shipped scripted-teacher trees of the 40 training additions
     "bicc": {"bicc_reward": "last_integer"},  # the task's correctness reward
     "drafts": {"draft_reward": "last_integer"},  # scores the drafts, as it scores the answers
+    # the toy hierarchy (router, calculator agent, QA agent); 2 node groups of 2 alternatives per question
+    "hima": {
+        "hima_hierarchy": "toy",
+        "hima_alternatives": 2,
+        "hima_accuracy_reward": "last_integer",
+        "max_completion_length": 48,
+    },
 }
-TASK_REWARDS = {"curriculum": (["last_integer", "budget_length"], [1.0, 0.5]), "pta": (None, None)}
+TASK_REWARDS = {
+    "curriculum": (["last_integer", "budget_length"], [1.0, 0.5]),
+    "pta": (None, None),
+    "hima": (None, None),
+}
 # The driving task (text-only scenes of `trl_grpo_ext.data.driving`; NoRD's default): the trajectory reward, room for
 # 4 waypoints (SmolLM2 writes a short preamble first), its held-out driving score.
 DRIVING_TASK = {"max_completion_length": 48}
@@ -252,6 +263,8 @@ def parse_train(argv: list[str]) -> TrainRun:
     overrides = dict(TINY) if tiny else None
     if tiny and script_args.trainer == "tree_opo":  # the built-in questions need their own trees, over a recipe's
         overrides["prefix_trees"] = SAMPLE_TREES
+    if tiny and script_args.trainer == "hima":  # the tiny model's answers are scored by the built-in rows' sums
+        defaults.update(hima_hierarchy="toy", hima_alternatives=2, hima_accuracy_reward="last_integer")
     named_data = script_args.dataset_name or dataset_args.datasets
     default_task = "driving" if script_args.trainer == "nord" else "addition"
     task = None if tiny else script_args.task or (None if named_data else default_task)
@@ -319,7 +332,10 @@ def train(argv: list[str]) -> Path:
     # One upload at the end, with our model card, instead of Trainer's repo creation at start and pushes on save.
     push_to_hub, args.push_to_hub = args.push_to_hub, False
     heldout_cls = HeldoutDrivingScore if task == "driving" else HeldoutAccuracy
-    heldout = [heldout_cls(max_new_tokens=args.max_completion_length)] if task else None
+    # HiMA's answers come from the system, not one call: TRL's evaluation runs it (eval_strategy), not this probe
+    heldout = (
+        [heldout_cls(max_new_tokens=args.max_completion_length)] if task and script_args.trainer != "hima" else None
+    )
     try:
         trainer = trainer_cls(model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset,
                               eval_dataset=eval_dataset, processing_class=processing_class, tools=tools,

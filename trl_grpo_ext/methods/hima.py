@@ -501,6 +501,7 @@ class HiMA(Extension):
             self.tools[agent.name] = {fn.__name__: fn for fn in resolved}
         self._systems: list[_System] = []
         self._owners: list[str] = []
+        self._generated = 0
 
     def check(self, inputs: TrainerInputs) -> None:
         if inputs.rollout_func is not None or inputs.environment_factory is not None or inputs.tools:
@@ -557,6 +558,7 @@ class HiMA(Extension):
             call = system.pending
             call.prompt_ids, call.output_ids = list(p_ids), list(out)[: max(cap, 0)]
             call.text = trainer.tokenizer.decode(call.output_ids, skip_special_tokens=True)
+            self._generated += len(call.output_ids)
             system.calls.append(call)
             system.pending = None
             self._advance(system)
@@ -601,6 +603,7 @@ class HiMA(Extension):
     def rollout(self, plan: RolloutPlan, prompts: list) -> Rollout | None:
         rows = len(plan.rows)
         master = self.hierarchy.master
+        self._generated = 0  # every call's tokens: the reference trajectories, the alternatives, their finishes
         if plan.mode != "train":  # evaluation: every row runs the system once
             systems = [_System(r, _question(prompts[r])) for r in range(rows)]
             for s in systems:
@@ -637,6 +640,7 @@ class HiMA(Extension):
         self.log("calls", sum(len(s.calls) for s in systems) / len(systems))
         self.log("system_tokens", sum(s.tokens for s in systems) / len(systems))
         self.log("bad_routes", sum(s.bad_route for s in systems) / len(systems))
+        self.log("generated_tokens", self._generated)
         for agent in h.order():
             self.log(f"rows_{agent}", self._owners.count(agent) / len(systems))
         return Rollout(
