@@ -177,9 +177,10 @@ def test_detect_is_pure_and_waits_for_a_start_and_a_window():
     assert finding.detector == "component_hacking" and "0.1 -> 1" in finding.evidence
 
 
-# ---- the stored real-model runs of benchmarks/learning.py (docs/results/*.json: every logged step)
+# ---- the stored real-model runs of benchmarks/learning.py (docs/results/*.json: every logged step) on the addition
+# task; NoRD's (nord.json) are on the driving task, whose correctness is not `last_integer` and where no arm learned
 def stored_runs():
-    for path in sorted(RESULTS.glob("*.json")):
+    for path in sorted(p for p in RESULTS.glob("*.json") if p.stem != "nord"):
         runs = json.loads(path.read_text())["runs"]
         for arm, run in runs.items():
             yield path.stem, arm, run, runs["grpo"]
