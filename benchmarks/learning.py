@@ -23,6 +23,9 @@ the completion tokens it generated, and the numbers each method exists for:
   (std-normalised), both with the difficulty-bias diagnostic, after a cold start of 8 SFT steps on 64 scenes of
   another seed (SmolLM2 alone rarely writes 4 waypoints when sampling); held-out = greedy driving score on 48
   unseen scenes;
+- hima: the toy hierarchy (`hima_hierarchy: toy`: a router, a calculator agent with the tool, a QA agent), VR-GRPO
+  with 2 alternatives per node, against GRPO on the policy alone; both evaluated by TRL's evaluation, one sampled
+  answer per held-out problem (the whole system's for HiMA), the rows each agent trained;
 - tree_opo: groups of 4 prefixes of the shipped scripted-teacher trees (`trl_grpo_ext.data.trees.SAMPLE_TREES`, one
   per training problem) at mixed depths, staged advantages; the variance of the advantages against GRPO's.
 
@@ -53,6 +56,8 @@ from trl_grpo_ext import (
     DraftGRPOTrainer,
     GRPOExtConfig,
     GRPOExtTrainer,
+    HiMAConfig,
+    HiMATrainer,
     NoRDConfig,
     NoRDTrainer,
     ProRLResetCallback,
@@ -90,6 +95,8 @@ def step_tokens(logs: dict, rows: int) -> float:
     """The completion tokens one step generated, from its logged metrics."""
     if "pta/generated_tokens" in logs:
         return logs["pta/generated_tokens"]
+    if "hima/generated_tokens" in logs:  # every call of the references, the alternatives and their finishes
+        return logs["hima/generated_tokens"]
     drafts = logs.get("drafts/generated_tokens", 0.0)  # drafts the policy (or the draft model) wrote for the batch
     return logs.get("completions/mean_length", 0.0) * rows - logs.get("arpo/generated_tokens_saved", 0.0) + drafts
 
@@ -136,6 +143,23 @@ def plan_rows():
         "reasoning": [f"{a} + {b} = {a + b}" for a, b in problems] * 4,
         "answer": [str(a + b) for a, b in problems] * 4,
     }))  # fmt: skip
+
+
+def hima_rows():
+    """Cold-start rows of the toy hierarchy: the router's prompt -> a route to calc, calc's -> a calculator call."""
+    from datasets import Dataset
+
+    from trl_grpo_ext.methods.hima import HiMA
+
+    hima = HiMA("toy")
+    prompts, completions = [], []
+    for a, b in addition_problems("train"):
+        question = f"What is {a} + {b}? Answer with just the number."
+        call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} + {b}"}})
+        for agent, text in (("router", "<route>calc</route>"), ("calc", f"<tool_call>{call}</tool_call>")):
+            prompts.append(hima._messages(agent, question))
+            completions.append([{"role": "assistant", "content": text}])
+    return Dataset.from_dict({"prompt": prompts, "completion": completions})
 
 
 def tool_rows():
@@ -216,15 +240,30 @@ def arms(method: str, model: str, tokenizer, out: Path, steps: int):
         driving = {"task": "driving", "max_completion_length": 48, "difficulty_diagnostic": True}
         extra = {"reward_funcs": ["trajectory"]}
         return model, (GRPOExtTrainer, GRPOExtConfig, driving, extra), (NoRDTrainer, NoRDConfig, driving, extra)
+    if method == "hima":  # the toy hierarchy (router -> calculator agent / QA agent) against the policy alone
+        # Both arms are scored on held-out problems by TRL's evaluation (one sampled answer a problem): the system
+        # for HiMA (the router's call, the agent it routes to, the tool), the policy's single answer for GRPO.
+        # GRPO trains the policy alone from SmolLM2 itself (the cold start below teaches the hierarchy's formats
+        # only, and costs direct answering); both arms get 48 tokens a call (a calculator call is about 30).
+        sampled = {"sampled_eval": True, "reward_weights": TASK_REWARD_WEIGHTS, "max_completion_length": 48}
+        # SmolLM2 alone never writes a route: a short cold start (both arms start from it) shows the router
+        # `<route>calc</route>` and the calculator agent a tool call on the training problems, few enough steps
+        # that routing is still partial and left for RL to learn.
+        start = cold_start(model, tokenizer, out / "hima-cold-start", hima_rows(), steps=6)
+        hima = {"sampled_eval": True, "hima_hierarchy": "toy", "hima_alternatives": 2, "max_completion_length": 48}
+        return model, (GRPOExtTrainer, GRPOExtConfig, sampled, rewards), (
+            HiMATrainer, HiMAConfig, hima, {"reward_funcs": ["last_integer", "hima_format", "hima_efficiency"],
+                                            "model": start})  # fmt: skip
     raise SystemExit(f"unknown method {method!r}")
 
 
 def run(name: str, model: str, tokenizer, spec, steps: int, eval_every: int, out: Path) -> dict:
     trainer_cls, config_cls, overrides, extra = spec
     overrides, extra = dict(overrides), dict(extra)
+    model = extra.pop("model", model)  # an arm that starts from its own model (HiMA's cold start)
     system = overrides.pop("system", None)
     driving = overrides.pop("task", None) == "driving"
-    tools = "tools" in extra
+    tools = "tools" in extra or overrides.pop("sampled_eval", False)  # evaluated by TRL's evaluation (sampled)
     length = overrides.get("max_completion_length", 24)
     heldout = (HeldoutDrivingScore(every=eval_every, max_new_tokens=length) if driving
                else HeldoutAccuracy(every=eval_every, max_new_tokens=length, system=system))  # fmt: skip
@@ -324,6 +363,17 @@ def own_metric(method: str, runs: dict) -> str:
                  f"{mass(r, 'difficulty/groups_easy'):.2f}), malformed {mass(r, 'trajectory/malformed'):.1f} per step, "
                  f"collisions {mass(r, 'trajectory/collision_rate'):.2f}" for k, r in runs.items()]  # fmt: skip
         return "; ".join(parts)
+    if method == "hima":
+        steps = runs[method]["steps"]
+
+        def avg(key):
+            return sum(s.get(key, 0) for s in steps) / len(steps)
+
+        rows = ", ".join(f"{a} {avg(f'hima/rows_{a}'):.2f}" for a in ("router", "calc", "qa"))
+        return (f"calls per system {avg('hima/calls'):.2f}, bad routes {avg('hima/bad_routes'):.2f}; trained rows "
+                f"by agent: {rows}; node groups kept {avg('hima/selected_groups'):.1f} of "
+                f"{avg('hima/node_groups'):.1f}; wall time {runs[method]['seconds'] / runs['grpo']['seconds']:.2f}x "
+                "GRPO's")  # fmt: skip
     if method == "rcc":
         steps = runs[method]["steps"]
         shift = sum(s.get("rcc/baseline_shift", 0) for s in steps) / len(steps)
@@ -389,6 +439,7 @@ def main():
             "drafts",
             "drafts_mismatched",
             "nord",
+            "hima",
         ],
     )
     parser.add_argument("--steps", type=int, default=30)

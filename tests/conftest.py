@@ -65,6 +65,8 @@ def script_generation(monkeypatch, trainer, scripts):
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    if hasattr(model, "get_base_model"):  # PEFT: its `generate` runs the base model's forward
+        model = model.get_base_model()
     vocab = model.config.vocab_size
     start = {}
 

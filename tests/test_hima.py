@@ -230,3 +230,127 @@ def test_hima_config_errors(tmp_path):
     bad.write_text("master: router\nagents:\n  router: {role: Route., routes: [search]}\n")
     with pytest.raises(ValueError, match="routes to 'search', which does not exist"):
         make_config(tmp_path, HiMAConfig, hima_hierarchy=str(bad), hima_alternatives=2)
+
+
+# ---------------------------------------------------------------------------------------------- per-agent adapters
+def adapter_trainer(tiny_model_path, tokenizer, tmp_path, **overrides):
+    from peft import LoraConfig
+
+    from trl_grpo_ext import HiMAConfig, HiMATrainer
+    from trl_grpo_ext.testing import tiny_dataset
+
+    from .conftest import make_config
+
+    settings = {"num_generations": 4, "per_device_train_batch_size": 8, "hima_alternatives": 2,
+                "max_completion_length": 32, "max_steps": 1, "hima_agent_adapters": True, **overrides}  # fmt: skip
+    args = make_config(tmp_path, HiMAConfig, **settings)
+    return HiMATrainer(str(tiny_model_path), args=args, train_dataset=tiny_dataset(16), processing_class=tokenizer,
+                       hierarchy="toy", reward_funcs=["last_integer", "hima_format", "hima_efficiency"],
+                       peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+
+
+def adapter_weights(trainer) -> dict:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+
+
+def changed_adapters(trainer, before) -> set:
+    names = set(trainer.adapters)
+    moved = set()
+    for key, param in trainer.model.named_parameters():
+        if key in before and not torch.equal(param, before[key]):
+            moved |= names & set(key.split("."))
+    return moved
+
+
+@pytest.mark.parametrize("top_k", ["all", "1"])
+def test_agent_adapters_only_the_selected_ones_change(tiny_model_path, tokenizer, tmp_path, monkeypatch, top_k):
+    trainer = adapter_trainer(tiny_model_path, tokenizer, tmp_path, hima_top_k=top_k)
+    assert trainer.adapters == ["default", "router", "calc", "qa"]
+    scripted_agents(monkeypatch, trainer)
+    before = adapter_weights(trainer)
+    trainer.train()
+    hima, batch = trainer.extension("hima"), trainer.last_batch
+    kept = ~batch.dropped.cpu()
+    updated = {hima.hierarchy.agent(owner).adapter for owner, keep in zip(hima._owners, kept.tolist(), strict=True)
+               if keep}  # fmt: skip
+    assert updated  # some node group's rewards varied
+    # each kept row trained its own agent's adapter; the others (and the policy's `default`) stayed as they were
+    assert changed_adapters(trainer, before) == updated
+    if top_k == "1":
+        assert len(updated) <= 2  # one node group per question
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if ".default." in n)
+
+
+def test_agent_adapters_under_gradient_checkpointing(tiny_model_path, tokenizer, tmp_path, monkeypatch):
+    """Checkpointing recomputes each layer in the backward pass: with the same per-row adapters, the same update."""
+    weights = []
+    for checkpointing in (False, True):
+        trainer = adapter_trainer(tiny_model_path, tokenizer, tmp_path / str(checkpointing), max_steps=2,
+                                  gradient_checkpointing=checkpointing)  # fmt: skip
+        scripted_agents(monkeypatch, trainer)
+        before = adapter_weights(trainer)
+        trainer.train()
+        assert changed_adapters(trainer, before)
+        weights.append(adapter_weights(trainer))
+    for key, value in weights[0].items():
+        assert torch.allclose(value, weights[1][key], atol=1e-6), key
+
+
+def test_agent_adapters_give_each_row_its_own_forward(tiny_model_path, tokenizer, tmp_path):
+    """A row's log-probs under the mixed-adapter forward equal those of its adapter alone (PEFT's set_adapter)."""
+    trainer = adapter_trainer(tiny_model_path, tokenizer, tmp_path)
+    model = trainer.model
+    with torch.no_grad():  # make the adapters differ
+        for key, param in model.named_parameters():
+            if "lora_B" in key:
+                param.normal_(0, 0.5 if ".calc." in key else 0.05)
+    ids = torch.randint(5, 100, (3, 9))
+    mask, prompt = torch.ones_like(ids), ids[:, :4]
+    names = ["calc", "qa", "default"]
+    with trainer._adapters.by_row(trainer._adapters.indices(names)):
+        mixed = trainer.completion_logps(prompt, mask[:, :4], ids[:, 4:], mask[:, 4:])
+    for row, name in enumerate(names):
+        model.set_adapter(name)
+        alone = trainer.completion_logps(prompt[row : row + 1], mask[:1, :4], ids[row : row + 1, 4:], mask[:1, 4:])
+        assert torch.allclose(mixed[row], alone[0], atol=1e-5), name
+    model.set_adapter("default")
+    assert not torch.allclose(mixed[0], mixed[1])  # the calc adapter really differs
+
+
+def test_agent_adapters_generate_with_their_own(tiny_model_path, tokenizer, tmp_path):
+    """Real generation (no script): each agent's calls run under its adapter, and training runs end to end."""
+    trainer = adapter_trainer(tiny_model_path, tokenizer, tmp_path, max_completion_length=8)
+    seen = []
+    base = trainer.model.get_base_model()
+    base.get_decoder().register_forward_pre_hook(  # after the trainer's: the adapters each forward runs with
+        lambda module, args: seen.append(tuple(sorted(set(trainer._adapters._current or ["-"]))))
+    )
+    trainer.train()
+    assert ("router",) in seen  # the router's generation, alone under its adapter
+    assert any(len(names) >= 1 and set(names) <= {"router", "calc", "qa"} for names in seen)
+    assert trainer.last_batch._output["trl_grpo_ext_row_adapters"].tolist()
+
+
+def test_agent_adapters_need_a_lora_policy(tiny_model_path, tokenizer, tmp_path):
+    from trl_grpo_ext import HiMAConfig, HiMATrainer
+    from trl_grpo_ext.testing import tiny_dataset
+
+    from .conftest import make_config
+
+    args = make_config(tmp_path, HiMAConfig, num_generations=4, hima_alternatives=2, hima_hierarchy="toy",
+                       hima_agent_adapters=True)  # fmt: skip
+    with pytest.raises(ValueError, match="need a LoRA policy: pass peft_config"):
+        HiMATrainer(str(tiny_model_path), args=args, train_dataset=tiny_dataset(8), processing_class=tokenizer)
+
+
+def test_a_tool_call_cut_short_is_a_protocol_failure():
+    from trl_grpo_ext.methods.hima import HiMA, _Call, _System
+
+    hima = HiMA("toy")
+    for text, ok, answer in [('<tool_call>{"name": "calculator", "arguments": {"expression": "3 + 4"}}</tool_call>',
+                              True, "7"),
+                             ('<tool_call>{"name": "calculator", "arguments": {"expression": "3 +', False, None),
+                             ("7", True, "7")]:  # fmt: skip
+        system = _System(0, "What is 3 + 4?", calls=[_Call("calc", [], text=text)])
+        hima._advance(system)
+        assert system.format_ok == [ok] and system.answer == (answer or text)

@@ -148,3 +148,30 @@ def test_push_failure_leaves_the_run_and_says_how_to_retry(pushed_run, monkeypat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no network" in err
     assert f"trl-grpo-ext push {pushed_run} me/tiny-curriculum" in err
+
+
+def test_hima_agent_adapters_push_every_adapter_with_one_card(hub_calls, tiny_cache_dir, tmp_path, tiny_model_path):
+    """HiMA with an adapter per agent: the output holds them all (subfolders), one card says how to load each."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "tiny-hima"
+    argv = ["train", "--config", str(RECIPES / "hima_adapters.yaml"), "--tiny", "--lora_r", "4",
+            "--lora_target_modules", "q_proj", "v_proj", "--hima_alternatives", "2", "--num_generations", "4",
+            "--per_device_train_batch_size", "4", "--max_completion_length", "8", "--max_steps", "1",
+            "--hima_accuracy_reward", "last_integer", "--push_to_hub", "--hub_model_id", "me/tiny-hima",
+            "--output_dir", str(out), "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
+    assert main(argv) == 0
+    upload = hub_calls["upload"][-1]
+    assert upload["repo_id"] == "me/tiny-hima"
+    assert {"adapter_config.json", "router", "calc", "qa", "README.md"} <= set(upload["files"])
+    for agent in ("router", "calc", "qa"):
+        assert (out / agent / "adapter_model.safetensors").exists()
+        assert f'adapter_name="{agent}", subfolder="{agent}")  # agent {agent}' in upload["readme"]
+    record = json.loads((out / "trl_grpo_ext_run.json").read_text())
+    assert record["adapters"] == {"router": ["agent router"], "calc": ["agent calc"], "qa": ["agent qa"]}
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_path), out)
+    model.load_adapter(str(out), adapter_name="calc", subfolder="calc")
+    saved = load_file(out / "calc" / "adapter_model.safetensors")
+    loaded = {n.replace(".calc", ""): p for n, p in model.named_parameters() if ".calc." in n}
+    assert saved and all(torch.equal(loaded[name].detach(), tensor) for name, tensor in saved.items())

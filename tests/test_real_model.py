@@ -193,6 +193,7 @@ SMALL = {
     "segment_arpo": ["--arpo_initial_rollouts", "2"],
     # the addition rows are scored by their sum (the recipe's `accuracy` reads a `solution` column)
     "hima": ["--hima_accuracy_reward", "last_integer", "--hima_alternatives", "2"],
+    "hima_adapters": ["--hima_accuracy_reward", "last_integer", "--hima_alternatives", "2", "--lora_r", "4"],
 }
 
 
@@ -212,7 +213,8 @@ def test_every_recipe_runs_on_the_real_model(recipe, real_path, tmp_path, capsys
             "--output_dir", str(out), *SMALL.get(recipe.stem, [])]  # fmt: skip
     assert main(argv) == 0
     assert "Trained 1 steps" in capsys.readouterr().out
-    assert (out / "model.safetensors").exists() and (out / "trl_grpo_ext_run.json").exists()
+    assert (out / "trl_grpo_ext_run.json").exists()
+    assert (out / "model.safetensors").exists() or (out / "adapter_model.safetensors").exists()
 
 
 def test_the_main_job_reports_held_out_accuracy(real_path, tmp_path, capsys):
@@ -316,3 +318,40 @@ def test_self_refinement_trains_two_steps_on_a_real_vocabulary(real_path, real_t
         assert draft.strip() and user.index(draft.strip()) < user.index("Problem: What is") and assistant == "\n"
         assert len(real_tokenizer(draft, add_special_tokens=False)["input_ids"]) <= 24
     assert trainer.extension("drafts").store.pool()
+
+
+def test_hima_routes_stop_at_a_tag_and_agent_adapters_train(real_path, real_tokenizer, tmp_path, monkeypatch):
+    from trl_grpo_ext import HiMAConfig, HiMATrainer
+
+    close = _ids(real_tokenizer, "</route>")
+    assert len(close) > 1  # a tag of several tokens on a real vocabulary
+    args = make_config(tmp_path, HiMAConfig, hima_hierarchy="toy", hima_alternatives=2, hima_agent_adapters=True,
+                       num_generations=4, per_device_train_batch_size=4, max_completion_length=16, max_steps=2,
+                       learning_rate=1e-3)  # fmt: skip
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    trainer = HiMATrainer(real_path, args=args, train_dataset=addition_dataset(), processing_class=real_tokenizer,
+                          reward_funcs=["last_integer", "hima_format", "hima_efficiency"], peft_config=lora)  # fmt: skip
+    assert trainer.adapters == ["default", "router", "calc", "qa"]
+    hima = trainer.extension("hima")
+    # The routing call's stop rule on the real vocabulary: generation ends at `</route>`, the route is read.
+    route = _ids(real_tokenizer, "<route>calc")
+    rows = [dict(row) for row in addition_dataset().select([0]) for _ in range(2)]
+    with monkeypatch.context() as patch:
+        script_generation(patch, trainer, [[*route, *close, *[route[-1]] * 30]])
+        prompts = [hima._messages("router", "What is 3 + 4?")] * 2
+        ids, _ = trainer.generate_stage(prompts, RolloutPlan(rows, "train", 2), num_generations=2, max_new_tokens=12,
+                                        stop=["</route>"])  # fmt: skip
+        trainer.generation_config.use_cache = True
+    text = real_tokenizer.decode(ids[0], skip_special_tokens=True)
+    assert text.rstrip().endswith("</route>") and text.count("calc") == 1  # nothing generated after the tag
+    # Two real training steps (real sampling) with one adapter per agent: the adapters of trained rows move.
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    trainer.train()
+    moved = {name for name in trainer.adapters for n, p in trainer.model.named_parameters()
+             if f".{name}." in n and n in before and not torch.equal(p, before[n])}  # fmt: skip
+    kept = ~trainer.last_batch.dropped.cpu() if trainer.last_batch.dropped is not None else None
+    logs = [log for log in trainer.state.log_history if "hima/node_groups" in log]
+    assert len(logs) == 2 and all(log["hima/calls"] >= 1 for log in logs)
+    assert moved <= set(trainer.adapters[1:])  # the policy's own adapter is no agent's: it never moves
+    if kept is not None and kept.any():
+        assert moved  # a kept node group trained its agent's adapter

@@ -15,7 +15,7 @@ from .config import (
 )
 from .extension import Extension, Method, TrainerInputs, get_method, list_methods, register_method
 from .methods.curriculum import TokenBudgetCurriculum
-from .methods.hima import Agent, Hierarchy, MemoryStore
+from .methods.hima import Agent, Hierarchy, MemoryStore, load_hierarchy
 from .methods.monitor import RewardHackingMonitor
 from .methods.nord import DifficultyBiasDiagnostic
 from .methods.prorl import ProRLResetCallback
@@ -64,6 +64,7 @@ __all__ = [
     "Hierarchy",
     "Agent",
     "MemoryStore",
+    "load_hierarchy",
     "Extension",
     "TrainerInputs",
     "Method",

@@ -49,6 +49,7 @@ def run_record(trainer, *, model: str | None = None, dataset: str | None = None,
         "dataset": dataset,
         "output_dir": str(folder.resolve()),
         "adapter": (folder / "adapter_config.json").exists(),
+        "adapters": _row_adapters(trainer),
         "reward_funcs": list(trainer.reward_func_names),
         "steps": trainer.state.global_step,
         "config": config or {},
@@ -133,7 +134,7 @@ def model_card(record: dict, repo_id: str | None = None, tags=(), title: str | N
 ### Usage
 
 ```python
-{_usage(repo_id or record["output_dir"], base, record["adapter"])}
+{_usage(repo_id or record["output_dir"], base, record["adapter"], record.get("adapters") or {})}
 ```
 
 ### Training configuration
@@ -213,13 +214,28 @@ def _describe_local(model: str | None) -> str:
     return f"the local model `{model}`"
 
 
-def _usage(name: str, base: str | None, adapter: bool) -> str:
+def _row_adapters(trainer) -> dict[str, list[str]]:
+    """The LoRA adapters beside the policy's (saved in subfolders named after them), each with what uses it."""
+    users: dict[str, list[str]] = {}
+    for extension in getattr(trainer, "extensions", []):
+        for adapter, user in getattr(extension, "adapter_users", {}).items():
+            users.setdefault(adapter, []).extend(user)
+    return {name: users.get(name, []) for name in (getattr(trainer, "adapters", None) or [])[1:]}
+
+
+def _usage(name: str, base: str | None, adapter: bool, adapters: dict | None = None) -> str:
     if adapter:
-        return (
+        text = (
             "from peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n\n"
             f'base = AutoModelForCausalLM.from_pretrained("{base or "BASE_MODEL"}")\n'
             f'model = PeftModel.from_pretrained(base, "{name}")'
         )
+        for adapter_name, users in (adapters or {}).items():
+            used = f"  # {', '.join(users)}" if users else ""
+            text += f'\nmodel.load_adapter("{name}", adapter_name="{adapter_name}", subfolder="{adapter_name}"){used}'
+        if adapters:
+            text += f'\nmodel.set_adapter("{next(iter(adapters))}")  # switch per call, as in training'
+        return text
     return f'from transformers import pipeline\n\ngenerator = pipeline("text-generation", model="{name}")'
 
 

@@ -97,6 +97,8 @@ class Rollout:
         parents: per row, the row whose first `shared[b]` completion tokens it repeats, or -1. None: no sharing.
         shared: per row, how many leading completion tokens it shares with its parent (0 for a root).
         prefix_lengths: per row, leading completion tokens that were given, not generated (a completion prefix).
+        adapters: per row, the LoRA adapter that generated it and that its loss trains (None: the policy's own);
+            names from `trainer.add_adapters`. None: every row is the policy's.
         images, tool_images, extra_fields: TRL's, passed through.
     """
 
@@ -108,6 +110,7 @@ class Rollout:
     parents: list[int] | None = None
     shared: list[int] | None = None
     prefix_lengths: list[int] | None = None
+    adapters: list[str | None] | None = None
     images: list | None = None
     tool_images: list | None = None
     extra_fields: dict = field(default_factory=dict)
@@ -169,6 +172,7 @@ class Rollout:
             parents=parents,
             shared=shared,
             prefix_lengths=pick(self.prefix_lengths),
+            adapters=pick(self.adapters),
             images=pick(self.images),
             tool_images=pick(self.tool_images),
             extra_fields={},
@@ -202,6 +206,7 @@ class Rollout:
             parents=parents if tree else None,
             shared=shared if tree else None,
             prefix_lengths=join("prefix_lengths"),
+            adapters=join("adapters"),
             images=join("images"),
             tool_images=join("tool_images"),
             extra_fields={},

@@ -18,8 +18,10 @@ Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
 - `_calculate_rewards(inputs, prompts, completions, completion_ids_list) -> Tensor (N, F)`: kept for the batch.
 - `_compute_loss(model, inputs)`: rescaled when rows were dropped or added, so that per-row-normalised losses (grpo,
   sapo, dr_grpo, luspo) average over the kept rows of the whole generation batch (all micro-batches, all processes).
-- `_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size)`: called, not
-  wrapped, for log-probs of rows TRL did not build (`completion_logps`: rows added after scoring, RCC's log-ratio).
+- `_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size)`: called for
+  log-probs of rows TRL did not build (`completion_logps`: rows added after scoring, RCC's log-ratio); wrapped only
+  while rows carry their own LoRA adapters (`Rollout.adapters`): it runs the model over `input_ids` in chunks of
+  `batch_size` rows, in order, so each forward gets the adapters of its rows (PEFT's mixed-adapter batches).
 - `GRPOTrainer.__init__` builds a reference model only when `beta != 0`: an estimator that needs one at `beta = 0`
   (RCC) gets TRL's own, built with a stand-in beta that is set back to 0 before training.
 - `out["tool_mask"]`: the loss masks with `completion_mask * tool_mask`; per-token loss weights and dropped rows are
@@ -35,6 +37,7 @@ Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -103,6 +106,8 @@ _MULTIMODAL_KEYS = (
     "num_images",
     "num_tiles",
 )
+# TRL's output dict key of the per-row LoRA adapter (B,) long, an index into `trainer.adapters`, when rows have their own.
+ROW_ADAPTERS = "trl_grpo_ext_row_adapters"
 STATE_FILE = "trl_grpo_ext_state.pt"
 # The beta TRL's __init__ sees while it builds a reference that only an estimator reads (never a loss coefficient).
 _REFERENCE_ONLY_BETA = 1.0
@@ -182,6 +187,7 @@ class GRPOExtTrainer(GRPOTrainer):
         self._rollout: Rollout | None = None  # their generation record, from `_generate` on
         self._scores: tuple | None = None  # their gathered (N, F) rewards, and the prompts and completions scored
         self._stage: _Stage | None = None
+        self._adapters: _RowAdapters | None = None  # per-row LoRA adapters, once `add_adapters` switched them on
         for module in (self.model, getattr(self, "ref_model", None)):
             _disable_bnb_cpu_weight_repacking(module)
         # Rewards that need the policy's tokenizer, stop tokens or the trainer declare the attribute and leave it None.
@@ -270,6 +276,51 @@ class GRPOExtTrainer(GRPOTrainer):
             self.generation_kwargs["max_new_tokens"] = max_new_tokens
         if getattr(self, "vllm_generation", None) is not None:
             self.vllm_generation.max_completion_length = max_new_tokens
+
+    # ------------------------------------------------------------------ per-row LoRA adapters
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters rows may train: the policy's own first, then those `add_adapters` created."""
+        return list(self._adapters.names) if self._adapters is not None else []
+
+    def add_adapters(self, names: list[str]) -> list[str]:
+        """Give the PEFT policy more LoRA adapters (the config of its active one, fresh weights), all trained.
+
+        After this, a `Rollout` may name each row's adapter (`Rollout.adapters`): its log-probs and its loss use that
+        adapter (PEFT's mixed-adapter batches), and generation inside `with trainer.use_adapter(name):` samples with
+        it. An adapter none of whose rows is in an optimizer step's loss gets no gradient, so that step leaves its
+        weights as they are (Adam's moments do not move it). Call before training (the optimizer is built then).
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        if not is_peft_model(model):
+            raise ValueError(
+                f"per-row LoRA adapters {list(names)} need a LoRA policy: pass peft_config=LoraConfig(...) (or a "
+                "PeftModel) to the trainer, or leave the adapters out so that every row trains the same weights."
+            )
+        if self.use_vllm or self.use_transformers_continuous_batching:
+            raise ValueError(
+                "per-row LoRA adapters generate with transformers' `generate` (PEFT switches them per call); vLLM and "
+                "continuous batching serve one policy: set use_vllm=False and use_transformers_continuous_batching=False."
+            )
+        if self.state.global_step > 0 or getattr(self, "optimizer", None) is not None:
+            raise RuntimeError("add_adapters must be called before training starts (the optimizer is built then).")
+        if self._adapters is None:
+            self._adapters = _RowAdapters(model, model.active_adapter)
+            super().add_callback(self._adapters)
+        for name in names:
+            self._adapters.add(name)
+        return self.adapters
+
+    @contextlib.contextmanager
+    def use_adapter(self, name: str | None):
+        """Every forward pass inside (generation included) uses LoRA adapter `name` (None: the policy's own)."""
+        if self._adapters is None:
+            if name is not None:
+                raise ValueError(f"adapter {name!r}: this trainer has no per-row adapters; call add_adapters first.")
+            yield
+            return
+        with self._adapters.uniform(name):
+            yield
 
     def generate_stage(
         self,
@@ -513,12 +564,17 @@ class GRPOExtTrainer(GRPOTrainer):
                 new_mask[k, width - len(ids) :] = 1
         completion_ids, completion_mask = out["completion_ids"][src], out["completion_mask"][src]
         logps = {}
-        if out.get("old_per_token_logps") is not None:
-            logps["old_per_token_logps"] = self.completion_logps(new_ids, new_mask, completion_ids, completion_mask)
-        if out.get("ref_per_token_logps") is not None:
-            logps["ref_per_token_logps"] = self.completion_logps(
-                new_ids, new_mask, completion_ids, completion_mask, reference=True
-            )
+        scope = contextlib.nullcontext()
+        if ROW_ADAPTERS in out:  # the new rows' log-probs under their sources' adapters
+            scope = self._adapters.by_row(out[ROW_ADAPTERS][src].tolist())
+        with scope:
+            if out.get("old_per_token_logps") is not None:
+                old = self.completion_logps(new_ids, new_mask, completion_ids, completion_mask)
+                logps["old_per_token_logps"] = old
+            if out.get("ref_per_token_logps") is not None:
+                logps["ref_per_token_logps"] = self.completion_logps(
+                    new_ids, new_mask, completion_ids, completion_mask, reference=True
+                )
         for key, value in list(out.items()):
             if key in ("prompt_ids", "prompt_mask"):
                 new = new_ids if key == "prompt_ids" else new_mask
@@ -584,6 +640,9 @@ class GRPOExtTrainer(GRPOTrainer):
         for extension in self.extensions:
             extension.prepare(plan)
         saved = (self._plan, self._rollout, self._scores)
+        saved_rows = self._adapters.rows if self._adapters is not None else None
+        if self._adapters is not None:
+            self._adapters.rows = None  # until this batch's rollout names its rows' adapters (`_generate`)
         self._plan = plan
         try:
             out = super()._generate_and_score_completions(plan.rows)
@@ -605,6 +664,8 @@ class GRPOExtTrainer(GRPOTrainer):
                 self.log_metric(name, value, mode)
         finally:
             self._plan, self._rollout, self._scores = saved
+            if self._adapters is not None:
+                self._adapters.rows = saved_rows
         return batch
 
     def splice_rows(self, batch: RolloutBatch, extra: RolloutBatch, replace: dict[int, int]) -> RolloutBatch:
@@ -705,6 +766,10 @@ class GRPOExtTrainer(GRPOTrainer):
             rollout = self.generate_rollouts(prompts, plan)
         rollout.check_tree()
         self._rollout = rollout
+        if rollout.adapters is not None:
+            if self._adapters is None:
+                raise ValueError("the rollout names per-row adapters, but the trainer has none: call add_adapters.")
+            self._adapters.rows = self._adapters.indices(rollout.adapters)  # TRL's old / ref log-probs come next
         return (rollout.prompt_ids, rollout.completion_ids, rollout.tool_mask, rollout.completions, rollout.logprobs,
                 rollout.extra_fields, rollout.images, rollout.tool_images or [])  # fmt: skip
 
@@ -770,13 +835,41 @@ class GRPOExtTrainer(GRPOTrainer):
         # mean over rows; dr_grpo: rows * max_completion_length), then by the accumulation steps, and DDP averages
         # over processes. Rescaled by n * slices * processes / K, the sum over a generation batch's slices and
         # processes is the mean over its K kept rows: exact when slices differ in kept rows, or processes in rows.
-        loss = super()._compute_loss(model, inputs)
+        if ROW_ADAPTERS in inputs:  # this micro-batch's rows (shuffled by TRL with the rest) and their adapters
+            rows = inputs[ROW_ADAPTERS]
+            mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+            if self.model.training:
+                self._adapters.in_loss(rows[mask.sum(-1) > 0].tolist())
+            with self._adapters.by_row(rows.tolist()):
+                loss = super()._compute_loss(model, inputs)
+        else:
+            loss = super()._compute_loss(model, inputs)
         kept = inputs.get(KEPT_ROWS)
         if kept is not None and self.loss_type in ROW_NORMALISED_LOSSES:
             slices = self.args.steps_per_generation if self.model.training else 1
             total = inputs[KEPT_TOTAL].clamp(min=1.0)
             loss = loss * (kept.numel() * slices * self.accelerator.num_processes / total)
         return loss
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        # Seam: GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+        # batch_size=None, ...) runs `model(**model_inputs)` over `input_ids[start:end]` for start in range(0, B,
+        # batch_size), in order. With per-row adapters on, each forward takes the next rows' adapters; TRL's reference
+        # (the "ref" adapter, or the adapters disabled) is left as it is.
+        adapters = self._adapters
+        if adapters is None or adapters.rows is None:
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args,
+                                                              **kwargs)  # fmt: skip
+        if adapters.model.active_adapter == "ref":
+            with adapters.uniform("ref"):
+                return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                                  *args, **kwargs)  # fmt: skip
+        if len(adapters.rows) != input_ids.size(0):
+            raise RuntimeError(f"{input_ids.size(0)} rows reach the model, but {len(adapters.rows)} per-row adapters "
+                               "were set for them.")  # fmt: skip
+        adapters.start()
+        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args,
+                                                          **kwargs)  # fmt: skip
 
     def _save_checkpoint(self, model, trial):
         # Seam: GRPOTrainer._save_checkpoint(model, trial) saves into `<output_dir>/checkpoint-<global_step>`; TRL
@@ -817,6 +910,9 @@ class GRPOExtTrainer(GRPOTrainer):
             segment_ids = (positions.unsqueeze(0) >= lengths.unsqueeze(1)).long()  # (B, T): 0 prefix, 1 generated
             segment_ids = segment_ids.masked_fill(mask == 0, -1)
         columns = {k: [row.get(k) for row in plan.rows] for k in plan.rows[0] if k not in ("prompt", "completion")}
+        if self._adapters is not None:  # every row names its adapter; shuffled and split with the rows by TRL
+            adapters = rollout.adapters if rollout is not None and rollout.adapters is not None else [None] * local
+            out[ROW_ADAPTERS] = torch.tensor(self._adapters.indices(adapters), dtype=torch.long, device=mask.device)
         batch = RolloutBatch(
             rewards=self._total_rewards(scores),
             rewards_per_func=scores,
@@ -1016,6 +1112,120 @@ class GRPOExtTrainer(GRPOTrainer):
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+class _RowAdapters(TrainerCallback):
+    """The policy's LoRA adapters by row: PEFT's mixed-adapter forward (`adapter_names=`, one name per row), which PEFT
+    allows only in eval mode at the model level, passed to each LoRA layer directly so that it trains too.
+
+    A pre-hook on the base model's decoder sets, per forward, the adapters of its rows: `uniform(name)` (every row, every
+    forward: generation), or `rows` (one index per row; each forward takes the next rows, from `start()` on). The
+    adapters stay set until the next forward, so gradient checkpointing's recomputation in the backward pass sees
+    the same ones. As a callback it drops, before each optimizer step, the gradients of adapters none of whose rows
+    was in the step's loss.
+    """
+
+    def __init__(self, model, policy: str):
+        from peft.tuners.lora import LoraLayer
+
+        self.model, self.names = model, [policy]
+        self.rows: list[int] | None = None  # per-row indices into `names`, while a batch's rows are being run
+        self._uniform: str | None = None
+        self._cursor = 0
+        self._current: list[str] | None = None
+        self._stepped: set[int] = set()
+        # Once per forward, by __call__, on the loss's path (PeftModel -> LoraModel -> `model.forward`) and
+        # generation's (`generate` -> `model(...)`) alike: the base model's decoder (its transformer body).
+        base = model.get_base_model()
+        body = base.get_decoder() if hasattr(base, "get_decoder") else base
+        body.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+        for module in model.modules():
+            if isinstance(module, LoraLayer):
+                module.register_forward_pre_hook(self._before_layer, with_kwargs=True)
+
+    def add(self, name: str) -> None:
+        if not isinstance(name, str) or not name or "." in name or name == "ref":
+            raise ValueError(f"adapter name {name!r} must be a non-empty name without '.' (and not 'ref').")
+        if name not in self.model.peft_config:
+            self.model.add_adapter(name, copy.deepcopy(self.model.peft_config[self.names[0]]))
+            self.model.set_adapter(self.names[0])  # the policy's stays the active one (what is saved at the root)
+        if name not in self.names:
+            self.names.append(name)
+        self.trainable()
+
+    def trainable(self) -> None:
+        # PEFT's `set_adapter` leaves only the active adapter trainable; every row adapter trains.
+        names = set(self.names)
+        for key, param in self.model.named_parameters():
+            parts = key.split(".")
+            if any(p.startswith("lora_") for p in parts) and names & set(parts):
+                param.requires_grad_(True)
+
+    def indices(self, adapters: list) -> list[int]:
+        out = []
+        for name in adapters:
+            name = self.names[0] if name is None else name
+            if name not in self.names:
+                raise ValueError(f"adapter {name!r} is not one of the trainer's ({', '.join(self.names)}); add it "
+                                 "with trainer.add_adapters first.")  # fmt: skip
+            out.append(self.names.index(name))
+        return out
+
+    def parameters(self, name: str):
+        for key, param in self.model.named_parameters():
+            parts = key.split(".")
+            if name in parts and any(p.startswith("lora_") for p in parts):
+                yield param
+
+    @contextlib.contextmanager
+    def uniform(self, name: str | None):
+        saved, self._uniform = self._uniform, self.names[0] if name is None else name
+        try:
+            yield
+        finally:
+            self._uniform = saved
+
+    @contextlib.contextmanager
+    def by_row(self, rows: list[int]):
+        saved, self.rows = self.rows, list(rows)
+        try:
+            yield
+        finally:
+            self.rows = saved
+
+    def start(self) -> None:
+        self._cursor = 0
+        self.trainable()
+
+    def in_loss(self, rows: list[int]) -> None:
+        self._stepped.update(rows)
+
+    def _before_forward(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        if self._uniform is not None:
+            self._current = [self._uniform] * ids.size(0)
+        elif self.rows is not None:
+            chunk = self.rows[self._cursor : self._cursor + ids.size(0)]
+            if len(chunk) != ids.size(0):
+                raise RuntimeError(f"a forward over {ids.size(0)} rows found {len(chunk)} per-row adapters left.")
+            self._cursor += ids.size(0)
+            self._current = [self.names[i] for i in chunk]
+        else:
+            self._current = None
+
+    def _before_layer(self, module, args, kwargs):
+        if self._current is None:
+            return None
+        return args, {**kwargs, "adapter_names": self._current}
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        for index, name in enumerate(self.names):
+            if index not in self._stepped:
+                for param in self.parameters(name):
+                    param.grad = None
+        self._stepped = set()
+
+
 def _build_extensions(args, callbacks, extensions) -> list[Extension]:
     built = [e for e in (m.extension(args) for m in list_methods() if m.extension is not None) if e is not None]
     built += [c for c in callbacks or [] if isinstance(c, Extension)]

@@ -6,7 +6,7 @@ from .config import BiCCGRPOConfig, DraftGRPOConfig, GRPOExtConfig, HiMAConfig, 
 from .methods.bicc import check_bicc_config
 from .methods.curriculum import check_schedule
 from .methods.drafts import check_draft_config
-from .methods.hima import check_hima_config
+from .methods.hima import check_hima_config, load_hierarchy
 from .methods.prorl import ProRLResetCallback
 from .methods.pta import PlanValueReward
 from .rewards import get_reward
@@ -216,6 +216,11 @@ class HiMATrainer(GRPOExtTrainer):
                 raise ValueError("give the hierarchy once: hierarchy= or hima_hierarchy, not both.")
             args.hima_hierarchy = hierarchy  # a Hierarchy, a mapping, a file or "toy": the extension loads it
             check_hima_config(args)
+        adapters = args.hima_agent_adapters or any(a.adapter for a in load_hierarchy(args.hima_hierarchy).agents)
+        if adapters and kwargs.get("peft_config") is None and not hasattr(model, "peft_config"):
+            raise ValueError("the hierarchy gives agents their own LoRA adapters (hima_agent_adapters, or `adapter:` "
+                             "of an agent), which need a LoRA policy: pass peft_config=LoraConfig(...) (CLI: "
+                             "--use_peft), or drop the adapters so that the agents share the model.")  # fmt: skip
         if reward_funcs is None:
             reward_funcs = [get_reward(args.hima_accuracy_reward), get_reward("hima_format"),
                             get_reward("hima_efficiency")]  # fmt: skip

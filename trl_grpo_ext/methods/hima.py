@@ -23,7 +23,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -66,6 +66,10 @@ class Agent:
         if not isinstance(self.role, str) or not self.role.strip():
             raise ValueError(f"agent {self.name!r}: role must be its role prompt, a non-empty string.")
         self.routes = list(self.routes)
+        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter or "." in self.adapter
+                                         or self.adapter == "ref"):  # fmt: skip
+            raise ValueError(f"agent {self.name!r}: adapter={self.adapter!r} must be a LoRA adapter name (no '.', not "
+                             "'ref', which TRL keeps for the reference), or None to share the policy's weights.")  # fmt: skip
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise ValueError(f"agent {self.name!r}: max_tokens={self.max_tokens!r} must be a whole number >= 1.")
 
@@ -377,6 +381,9 @@ class HiMAConfigSection:
         Entries per memory store (agents with `memory: true`).
     hima_memory_retrieve (`int`, *optional*, defaults to `2`):
         Entries retrieved into a memory agent's prompt.
+    hima_agent_adapters (`bool`, *optional*, defaults to `False`):
+        Give every agent without an `adapter` its own LoRA adapter, named after it, on the one base (needs a LoRA
+        policy, `use_peft`): each agent's calls are generated with, and train, its adapter only.
     """
 
     hima_hierarchy: str | None = field(default=None, metadata={"help": "HiMA: hierarchy file (YAML/JSON) or 'toy'."})
@@ -385,6 +392,7 @@ class HiMAConfigSection:
     hima_accuracy_reward: str = field(default="accuracy", metadata={"help": "HiMA: the R_accuracy reward."})
     hima_memory_capacity: int = field(default=64, metadata={"help": "HiMA: entries per memory store."})
     hima_memory_retrieve: int = field(default=2, metadata={"help": "HiMA: entries retrieved into a prompt."})
+    hima_agent_adapters: bool = field(default=False, metadata={"help": "HiMA: one LoRA adapter per agent."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -491,8 +499,11 @@ class HiMA(Extension):
     owns_rollout = True
 
     def __init__(self, hierarchy, alternatives: int = 4, top_k: int | str = "all", memory_capacity: int = 64,
-                 memory_retrieve: int = 2):  # fmt: skip
+                 memory_retrieve: int = 2, agent_adapters: bool = False):  # fmt: skip
         self.hierarchy = load_hierarchy(hierarchy)
+        if agent_adapters:  # every agent without its own adapter gets one, named after it
+            agents = [replace(a, adapter=a.adapter or a.name) for a in self.hierarchy.agents]
+            self.hierarchy = replace(self.hierarchy, agents=agents)  # a copy: the caller's hierarchy stays as it is
         self.alternatives, self.top_k, self.retrieve = alternatives, _top_k(top_k), memory_retrieve
         self.memories = {a.name: MemoryStore(capacity=memory_capacity) for a in self.hierarchy.agents if a.memory}
         self.tools = {}
@@ -516,6 +527,24 @@ class HiMA(Extension):
         if trainer.accelerator.num_processes > 1:
             raise NotImplementedError("HiMA's rollout runs on one process for now (its agent calls differ per "
                                       "process); train it with one process.")  # fmt: skip
+        if self.adapters:  # each agent's calls are generated with, and train, its own LoRA adapter
+            trainer.add_adapters(self.adapters)
+
+    @property
+    def adapter_users(self) -> dict[str, list[str]]:
+        """Per agent adapter, the agents whose calls use it (for the model card)."""
+        users: dict[str, list[str]] = {}
+        for name in self.hierarchy.order():
+            adapter = self.hierarchy.agent(name).adapter
+            if adapter is not None:
+                users.setdefault(adapter, []).append(f"agent {name}")
+        return users
+
+    @property
+    def adapters(self) -> list[str]:
+        """The agents' own LoRA adapters (`Agent.adapter`), in hierarchy order; agents without one share the policy's."""
+        names = [self.hierarchy.agent(n).adapter for n in self.hierarchy.order()]
+        return list(dict.fromkeys(n for n in names if n is not None))
 
     # ---- prompts
     def _messages(self, agent_name: str, question: str, message: str = "") -> list:
@@ -539,7 +568,19 @@ class HiMA(Extension):
 
     # ---- running calls
     def _generate(self, plan: RolloutPlan, systems: list[_System], block: int = 1) -> None:
-        """Generate the pending call of every system (in blocks of `block` rows that share their call)."""
+        """Generate the pending call of every system (in blocks of `block` rows that share their call); with
+        per-agent adapters, one generation per adapter, each under its own."""
+        if not self.adapters:
+            self._generate_calls(plan, systems, block)
+            return
+        parts: dict = {}
+        for system in systems:  # a block's rows share their call, so its agent: blocks stay whole
+            parts.setdefault(self.hierarchy.agent(system.pending.agent).adapter, []).append(system)
+        for adapter, part in parts.items():
+            with self.trainer.use_adapter(adapter):
+                self._generate_calls(plan, part, block)
+
+    def _generate_calls(self, plan: RolloutPlan, systems: list[_System], block: int) -> None:
         trainer = self.trainer
         caps = []
         for system in systems:
@@ -580,6 +621,10 @@ class HiMA(Extension):
             system.answer = call.text
             return
         tool = _TOOL_CALL.search(call.text) if self.tools[call.agent] else None
+        if tool is None and self.tools[call.agent] and "<tool_call>" in call.text:
+            system.answer = call.text  # a tool call cut short (the call's token cap) or never closed
+            system.format_ok.append(False)
+            return
         if tool is not None:
             try:
                 request = json.loads(tool.group(1))
@@ -648,6 +693,7 @@ class HiMA(Extension):
             completion_ids=[list(c.output_ids) for c in trained],
             completions=[[{"role": "assistant", "content": s.answer or ""}] for s in systems],
             extra_fields={"hima_format": fmt, "hima_cost": cost, "hima_agent": list(self._owners)},
+            adapters=[h.agent(a).adapter for a in self._owners] if self.adapters else None,
         )
 
     def after_scoring(self, batch) -> None:
@@ -731,7 +777,7 @@ def _from_config(args) -> HiMA | None:
                              f"or HiMATrainer(hierarchy=...)), or leave {changed[0]} unset.")  # fmt: skip
         return None
     return HiMA(args.hima_hierarchy, args.hima_alternatives, args.hima_top_k, args.hima_memory_capacity,
-                args.hima_memory_retrieve)  # fmt: skip
+                args.hima_memory_retrieve, args.hima_agent_adapters)  # fmt: skip
 
 
 register_method(Method(name="hima", title="HiMA-R1 (hierarchical multi-agent RL, VR-GRPO)", arxiv="2506.19846",
