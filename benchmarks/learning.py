@@ -24,8 +24,9 @@ the completion tokens it generated, and the numbers each method exists for:
   another seed (SmolLM2 alone rarely writes 4 waypoints when sampling); held-out = greedy driving score on 48
   unseen scenes;
 - hima: the toy hierarchy (`hima_hierarchy: toy`: a router, a calculator agent with the tool, a QA agent), VR-GRPO
-  with 2 alternatives per node, against GRPO on the policy alone; both evaluated by TRL's evaluation, one sampled
-  answer per held-out problem (the whole system's for HiMA), the rows each agent trained;
+  with 2 alternatives per node after a 6-step routing / tool-call cold start, against GRPO on the policy alone from
+  SmolLM2 itself (the cold start costs direct answering); 48 tokens a call in both; both evaluated by TRL's
+  evaluation, one sampled answer per held-out problem (the whole system's for HiMA), the rows each agent trained;
 - tree_opo: groups of 4 prefixes of the shipped scripted-teacher trees (`trl_grpo_ext.data.trees.SAMPLE_TREES`, one
   per training problem) at mixed depths, staged advantages; the variance of the advantages against GRPO's.
 
@@ -411,7 +412,8 @@ def plot(method: str, runs: dict, path: Path) -> None:
         steps_ax.plot([s for s, _ in points], [a for _, a in points], marker="o", label=name)
         tokens_ax.plot([tokens.get(s, 0) for s, _ in points], [a for _, a in points], marker="o", label=name)
     what = "driving score" if method == "nord" else "accuracy"
-    steps_ax.set(xlabel="step", ylabel=f"held-out {what} (greedy)", title=f"{method} vs GRPO")
+    how = "one sample each" if method in ("hima", "segments") else "greedy"  # TRL's evaluation: one sampled answer
+    steps_ax.set(xlabel="step", ylabel=f"held-out {what} ({how})", title=f"{method} vs GRPO")
     tokens_ax.set(xlabel="completion tokens generated", title=f"{what} per generated token")
     for axis in (steps_ax, tokens_ax):
         axis.grid(alpha=0.3)

@@ -213,6 +213,11 @@ def test_memory_survives_a_checkpoint(tiny_model_path, tokenizer, tmp_path, monk
     fresh = HiMA("toy")
     fresh.load_state_dict(saved["hima"])
     assert fresh.memories["qa"].state_dict() == stored
+    # resume_from_checkpoint: a new trainer's stores are the saved ones
+    resumed = hima_trainer(tiny_model_path, tokenizer, tmp_path, max_steps=2)
+    assert not resumed.extension("hima").memories["qa"].entries
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert resumed.extension("hima").memories["qa"].state_dict() == stored
 
 
 def test_hima_config_errors(tmp_path):
