@@ -178,10 +178,13 @@ def test_detect_is_pure_and_waits_for_a_start_and_a_window():
 
 
 # ---- the stored real-model runs of benchmarks/learning.py (docs/results/*.json: every logged step) on the addition
-# task; NoRD's (nord.json) are on the driving task, whose correctness is not `last_integer` and where no arm learned
+# task; NoRD's (nord.json) are on the driving task, whose correctness is not `last_integer` and where no arm learned.
+# Cost benchmarks (hima_cost.json: step times, no held-out curve) share the folder and are not learning runs.
 def stored_runs():
     for path in sorted(p for p in RESULTS.glob("*.json") if p.stem != "nord"):
         runs = json.loads(path.read_text())["runs"]
+        if not all("heldout" in run and "steps" in run for run in runs.values()):
+            continue
         for arm, run in runs.items():
             yield path.stem, arm, run, runs["grpo"]
 
