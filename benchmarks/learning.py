@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -86,20 +87,13 @@ from trl_grpo_ext.tasks import (
 from trl_grpo_ext.testing import CPU_KWARGS, real_model
 from trl_grpo_ext.tools import calculator
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import step_tokens
+
 # ---- the shared budget: every arm of a comparison trains these steps on the same batches ----
 BASE = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=24, learning_rate=3e-5, beta=0.0,
             logging_steps=1, save_strategy="no", report_to="none", seed=0, disable_tqdm=True, **CPU_KWARGS)  # fmt: skip
 TOOL_SYSTEM = "Use the calculator tool to add the numbers, then answer with just the number."
-
-
-def step_tokens(logs: dict, rows: int) -> float:
-    """The completion tokens one step generated, from its logged metrics."""
-    if "pta/generated_tokens" in logs:
-        return logs["pta/generated_tokens"]
-    if "hima/generated_tokens" in logs:  # every call of the references, the alternatives and their finishes
-        return logs["hima/generated_tokens"]
-    drafts = logs.get("drafts/generated_tokens", 0.0)  # drafts the policy (or the draft model) wrote for the batch
-    return logs.get("completions/mean_length", 0.0) * rows - logs.get("arpo/generated_tokens_saved", 0.0) + drafts
 
 
 class Trace(TrainerCallback):

@@ -151,6 +151,21 @@ def test_named_trainer_alone_is_a_working_run(tmp_path, tiny_cache_dir, capsys):
     assert "Trained 1 steps" in capsys.readouterr().out
 
 
+def test_trl_names_trls_own_trainer_the_baseline(tmp_path, tiny_cache_dir, capsys, monkeypatch):
+    from trl import GRPOTrainer
+
+    from trl_grpo_ext import GRPOExtTrainer
+
+    built = []
+    monkeypatch.setattr(GRPOTrainer, "train", lambda self, **kwargs: built.append(type(self)))
+    argv = ["train", "--tiny", "--trainer", "trl", "--max_steps", "1", "--output_dir", str(tmp_path / "run"),
+            "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
+    assert main(argv) == 0
+    assert built == [GRPOTrainer] and not issubclass(built[0], GRPOExtTrainer)
+    assert main([*argv, "--dynamic_sampling", "true"]) == 2  # our fields are not TRL's
+    assert "--dynamic_sampling" in capsys.readouterr().err
+
+
 def test_nord_defaults_to_the_driving_task():
     from trl_grpo_ext.cli import parse_train
 

@@ -36,7 +36,7 @@ def _fails(argv, tmp_path, capsys) -> str:
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["--trainer", "ppo"], ["--trainer 'ppo' is unknown", "grpo_ext, curriculum"]),
+        (["--trainer", "ppo"], ["--trainer 'ppo' is unknown", "grpo_ext, trl, curriculum"]),
         (["--reward_funcs", "acuracy"], ["unknown reward 'acuracy'", "Known rewards: accuracy", "dotted import path"]),
         (["--reward_funcs", "no_such_module.reward"], ["cannot import module 'no_such_module'"]),
         (

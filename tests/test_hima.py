@@ -238,7 +238,7 @@ def test_hima_config_errors(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- per-agent adapters
-def adapter_trainer(tiny_model_path, tokenizer, tmp_path, **overrides):
+def adapter_trainer(tiny_model_path, tokenizer, tmp_path, quantization_config=None, **overrides):
     from peft import LoraConfig
 
     from trl_grpo_ext import HiMAConfig, HiMATrainer
@@ -251,7 +251,8 @@ def adapter_trainer(tiny_model_path, tokenizer, tmp_path, **overrides):
     args = make_config(tmp_path, HiMAConfig, **settings)
     return HiMATrainer(str(tiny_model_path), args=args, train_dataset=tiny_dataset(16), processing_class=tokenizer,
                        hierarchy="toy", reward_funcs=["last_integer", "hima_format", "hima_efficiency"],
-                       peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+                       peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+                       quantization_config=quantization_config)  # fmt: skip
 
 
 def adapter_weights(trainer) -> dict:
@@ -284,6 +285,20 @@ def test_agent_adapters_only_the_selected_ones_change(tiny_model_path, tokenizer
     if top_k == "1":
         assert len(updated) <= 2  # one node group per question
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if ".default." in n)
+
+
+def test_agent_adapters_train_on_a_4bit_base(tiny_model_path, tokenizer, tmp_path, monkeypatch):
+    """QLoRA: PEFT's mixed-adapter forward adds into the 4-bit base layer's output in place, a view autograd refuses
+    to modify ("Output 0 of MatMul4Bit is a view"); the trainer hands PEFT a copy, as PEFT's own forward does."""
+    from transformers import BitsAndBytesConfig
+
+    quantized = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32)
+    trainer = adapter_trainer(tiny_model_path, tokenizer, tmp_path, quantization_config=quantized)
+    assert getattr(trainer.model, "is_loaded_in_4bit", False)
+    scripted_agents(monkeypatch, trainer)
+    before = adapter_weights(trainer)
+    trainer.train()
+    assert changed_adapters(trainer, before) - {"default"}
 
 
 def test_agent_adapters_under_gradient_checkpointing(tiny_model_path, tokenizer, tmp_path, monkeypatch):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import TrainingArguments
 from trl import (
     DatasetMixtureConfig,
+    GRPOConfig,
+    GRPOTrainer,
     ModelConfig,
     ScriptArguments,
     TrlParser,
@@ -48,6 +49,7 @@ from .data.trees import SAMPLE_TREES, questions_dataset
 from .extension import list_methods
 from .registry import _import_path
 from .rewards import resolve_rewards
+from .rewards.guard import required_columns
 from .tasks import (
     TASK_REWARD_WEIGHTS,
     HeldoutAccuracy,
@@ -105,13 +107,12 @@ QUICKSTART = {"output_dir": "outputs/quickstart", "per_device_train_batch_size":
 _CHECKPOINTING = next(n for n in ("activation_checkpointing", "gradient_checkpointing")
                       if n in TrainingArguments.__dataclass_fields__)  # fmt: skip
 CPU_DEFAULTS = {"bf16": False, _CHECKPOINTING: False, "dataloader_pin_memory": False}
-# What GRPOTrainer._calculate_rewards passes every reward function besides the dataset's columns.
-TRL_REWARD_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
 
 
 def trainers() -> dict[str, tuple[type, type]]:
-    """`--trainer` name -> (trainer class, config class), from the method records."""
-    named = {"grpo_ext": (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.GRPOExtConfig)}
+    """`--trainer` name -> (trainer class, config class), from the method records; `trl` is TRL's own `GRPOTrainer`
+    (no extension, no field of ours), the baseline that sweeps and benchmarks compare against."""
+    named = {"grpo_ext": (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.GRPOExtConfig), "trl": (GRPOTrainer, GRPOConfig)}
     for method in list_methods():
         if method.trainer:
             config = getattr(trl_grpo_ext, method.config or "GRPOExtConfig")
@@ -284,7 +285,7 @@ def parse_train(argv: list[str]) -> TrainRun:
         specs, weights = TASK_REWARDS.get(script_args.trainer, (TASK_REWARDS_DEFAULT, TASK_REWARD_WEIGHTS))
         args.reward_weights = args.reward_weights or weights
     elif specs is None and trainer_cls in (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.SegmentGRPOTrainer,
-                                           trl_grpo_ext.TreeOPOTrainer):  # fmt: skip
+                                           trl_grpo_ext.TreeOPOTrainer, GRPOTrainer):  # fmt: skip
         specs = DEFAULT_REWARDS
     try:
         rewards = resolve_rewards(specs)
@@ -343,6 +344,9 @@ def train(argv: list[str]) -> Path:
                               quantization_config=get_quantization_config(model_args))  # fmt: skip
     except (ValueError, TypeError, NotImplementedError) as exc:  # the extensions' checks, before the model loads
         raise CLIError(_one_line(exc)) from exc
+    if not isinstance(trainer, trl_grpo_ext.GRPOExtTrainer):  # TRL's own trainer does not attach our callbacks
+        for callback in heldout or []:
+            callback.attach(trainer)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     out = Path(args.output_dir).resolve()
     trainer.save_model(str(out))
@@ -431,17 +435,6 @@ def with_system_prompt(prompt, system: str):
     if isinstance(prompt, str):
         return f"{system}\n{prompt}"
     return [{"role": "system", "content": system}, *(m for m in prompt if m.get("role") != "system")]
-
-
-def required_columns(reward) -> list[str]:
-    """Dataset columns a reward function needs: its parameters without defaults that TRL does not fill itself."""
-    try:
-        parameters = inspect.signature(reward).parameters.values()
-    except (TypeError, ValueError):  # a reward-model id, a builtin: nothing to read
-        return []
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in parameters
-            if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_REWARD_ARGUMENTS]  # fmt: skip
 
 
 def _check_columns(dataset, where: str, rewards, args) -> None:

@@ -1140,6 +1140,7 @@ class _RowAdapters(TrainerCallback):
         for module in model.modules():
             if isinstance(module, LoraLayer):
                 module.register_forward_pre_hook(self._before_layer, with_kwargs=True)
+                module.get_base_layer().register_forward_hook(self._after_base_layer)
 
     def add(self, name: str) -> None:
         if not isinstance(name, str) or not name or "." in name or name == "ref":
@@ -1217,6 +1218,15 @@ class _RowAdapters(TrainerCallback):
         if self._current is None:
             return None
         return args, {**kwargs, "adapter_names": self._current}
+
+    def _after_base_layer(self, module, args, output):
+        # PEFT's mixed-adapter forward adds each adapter's output into the base layer's in place (`result[rows] +=
+        # output`, peft/tuners/lora/bnb.py `_mixed_batch_forward`); a 4-bit base returns a view of bitsandbytes'
+        # MatMul4Bit, which autograd forbids modifying in place. PEFT's own training forward clones it for that reason
+        # ("for 4bit, we need to defensively clone here"); its mixed path, meant for inference, does not.
+        if self._current is not None and torch.is_grad_enabled() and isinstance(output, torch.Tensor):
+            return output.clone() if output._is_view() else None
+        return None
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         for index, name in enumerate(self.names):

@@ -1,0 +1,16 @@
+"""What the benchmark scripts share: how many completion tokens a logged step generated."""
+
+
+def step_tokens(logs: dict, rows: int) -> float:
+    """The completion tokens one step generated, from its logged metrics.
+
+    PTA counts each plan once (`pta/generated_tokens`); HiMA every call of the references, the alternatives and their
+    finishes; ARPO's branches do not count the prefix they share with their parent (`arpo/generated_tokens_saved`);
+    drafts the policy (or the draft model) wrote for the batch count too.
+    """
+    if "pta/generated_tokens" in logs:
+        return logs["pta/generated_tokens"]
+    if "hima/generated_tokens" in logs:
+        return logs["hima/generated_tokens"]
+    drafts = logs.get("drafts/generated_tokens", 0.0)
+    return logs.get("completions/mean_length", 0.0) * rows - logs.get("arpo/generated_tokens_saved", 0.0) + drafts
