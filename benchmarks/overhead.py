@@ -50,6 +50,7 @@ BASE = ("--per_device_train_batch_size 8 --num_generations 4 --max_completion_le
 ARMS = {
     "trl": ("--trainer trl", "trl"),
     "grpo_ext": ("--trainer grpo_ext", "trl"),
+    "shared_prefix": ("--trainer grpo_ext --shared_prefix_forward true", "trl"),
     "monitor": ("--trainer grpo_ext --monitor true", "trl"),
     "dynamic_sampling": ("--trainer grpo_ext --dynamic_sampling true", "trl"),
     "rcc": ("--trainer grpo_ext --advantage_estimator rcc", "trl"),
@@ -74,6 +75,8 @@ TINY_SKIP = {"trl_driving", "nord"}  # --tiny trains NoRD's tiny VLM on images, 
 NEEDS_LORA = {"hima_adapters"}  # one LoRA adapter per agent: in the lora and 4bit variants only
 LORA = "--use_peft true --lora_r 8 --lora_alpha 16 --lora_target_modules q_proj v_proj"
 VARIANTS = {"full": "", "lora": LORA, "4bit": f"{LORA} --load_in_4bit true"}
+# Generation backends: TRL's transformers generation, or vLLM in the training process (a GPU and vllm installed).
+VLLM = {"none": "", "colocate": "--use_vllm true --vllm_mode colocate --vllm_gpu_memory_utilization 0.3"}
 
 
 def run_arm(spec: dict) -> dict:
@@ -89,6 +92,8 @@ def run_arm(spec: dict) -> dict:
         argv = [*BASE, *VARIANTS[spec["variant"]].split(), *ARMS[spec["arm"]][0].split(), "--max_steps", str(spec["steps"]), "--output_dir", tmp,
                 "--learning_rate", "5e-3" if spec["tiny"] else "3e-5"]  # fmt: skip
         argv += ["--tiny", "--cache_dir", spec["cache_dir"]] if spec["tiny"] else []
+        argv += ["--model_name_or_path", spec["model"]] if spec["model"] not in ("tiny", "real") else []
+        argv += VLLM[spec["vllm"]].split()
         out = train(argv)
         logs = json.loads((out / "trainer_state.json").read_text())["log_history"]
     logs = [log for log in logs if "step_time" in log][1:]  # the first step warms caches up
@@ -113,8 +118,8 @@ def run_arm(spec: dict) -> dict:
 
 def table(results: dict, arms: list[str], variants: list[str]) -> list[str]:
     """The Markdown table of `results[variant][arm]` (lists pooled over rounds), each arm against its baseline."""
-    lines = ["| arm | variant | median s/step | time ratio | rows/step | generated tok/step | generated per trained "
-             "tok | peak MiB | peak ratio |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| arm | variant | median s/step | time ratio | rows/step | generated tok/step | generated tok/s | "
+             "generated per trained tok | peak MiB | peak ratio |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for variant in variants:
         for arm in arms:
             run = results[variant].get(arm)
@@ -128,14 +133,16 @@ def table(results: dict, arms: list[str], variants: list[str]) -> list[str]:
             generated, trained = statistics.mean(run["generated_tokens"]), statistics.mean(run["trained_tokens"])
             per_trained = f"{generated / trained:.2f}" if trained else "n/a"
             lines.append(f"| `{arm}` | {variant} | {med:.3f} | {ratio} | {statistics.mean(run['rows']):.1f} | "
-                         f"{generated:.0f} | {per_trained} | {peak:.0f} | {peak_ratio} |")  # fmt: skip
+                         f"{generated:.0f} | {generated / med:.0f} | {per_trained} | {peak:.0f} | {peak_ratio} |")  # fmt: skip
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["tiny", "real"], default="tiny",
-                        help="the tiny random Qwen2 (seconds), or SmolLM2-135M-Instruct on the addition task")  # fmt: skip
+    parser.add_argument("--model", default="tiny",
+                        help="'tiny' (the tiny random Qwen2: seconds), 'real' (SmolLM2-135M-Instruct) or a model folder; "
+                        "the real and folder models train on the built-in addition task")  # fmt: skip
+    parser.add_argument("--vllm", choices=list(VLLM), default="none", help="generation backend of every arm")
     parser.add_argument("--arms", nargs="+", default=["trl", "grpo_ext"], help=f"'all' or some of: {', '.join(ARMS)}")
     parser.add_argument("--variants", nargs="+", default=["full"], choices=list(VARIANTS))
     parser.add_argument("--steps", type=int, default=10, help="training steps per run (the first one is dropped)")
@@ -144,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=1.02, help="PASS when grpo_ext / trl <= target")
     parser.add_argument("--strict", action="store_true", help="exit 1 when grpo_ext's ratio exceeds --target")
     parser.add_argument("--out-json", type=Path, help="write every measured number to this JSON file")
+    parser.add_argument("--out-md", type=Path, help="write the table to this Markdown file")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one arm, as JSON, in a child process
     args = parser.parse_args(argv)
     if args.child:
@@ -164,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             order = [(v, a) for v in args.variants for a in arms if not (v == "full" and a in NEEDS_LORA)]
             for variant, arm in order if r % 2 == 0 else order[::-1]:
                 spec = {"arm": arm, "variant": variant, "steps": args.steps, "tiny": tiny, "cache_dir": cache,
+                        "model": args.model, "vllm": args.vllm,
                         "threads": args.threads}  # fmt: skip
                 done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
                                       text=True)  # fmt: skip
@@ -179,11 +188,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r} {arm:<17} {variant:<5} {med:.3f} s/step  peak {result['peak_mib']:.0f} MiB",
                       file=sys.stderr, flush=True)  # fmt: skip
 
-    device = "CUDA " + __import__("torch").cuda.get_device_name() if __import__("torch").cuda.is_available() else "CPU"
+    import torch
+
+    device = f"CUDA {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "CPU"
     versions = ", ".join(f"{p} {version(p)}" for p in ("torch", "trl", "transformers", "peft"))
-    print(f"\n{args.model} model, {args.rounds} round(s) x {args.steps} steps, {device} ({os.cpu_count()} cores, "
-          f"{platform.machine()}), {versions}\n")  # fmt: skip
-    print("\n".join(table(results, arms, args.variants)))
+    backend = "transformers" if args.vllm == "none" else f"vLLM {args.vllm}"
+    header = (f"{args.model} model, {backend} generation, {args.rounds} round(s) x {args.steps} steps, {device} "
+              f"({os.cpu_count()} cores, {platform.machine()}), {versions}")  # fmt: skip
+    lines = table(results, arms, args.variants)
+    print(f"\n{header}\n")
+    print("\n".join(lines))
+    if args.out_md:
+        args.out_md.write_text(f"{header}\n\n" + "\n".join(lines) + "\n")
     for variant in args.variants:
         pta, trl = results[variant].get("pta"), results[variant].get("trl")
         if pta and trl and pta["independent_tokens"]:
@@ -204,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ndefault path grpo_ext / trl: {ratio:.4f} (target <= {args.target}): {'PASS' if passed else 'FAIL'}; "
               f"best-of-rounds ratio {best['ours'] / best['trl']:.4f}")  # fmt: skip
     if args.out_json:
-        settings = {k: v for k, v in vars(args).items() if k not in ("out_json", "child")}
+        settings = {k: v for k, v in vars(args).items() if k not in ("out_json", "out_md", "child")}
         args.out_json.write_text(json.dumps({"settings": settings, "device": device, "versions": versions,
                                              "runs": results}, indent=1))  # fmt: skip
     return 1 if args.strict and not passed else 0

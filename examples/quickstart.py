@@ -2,7 +2,8 @@
 
 Real run (GPU):   python examples/quickstart.py --model Qwen/Qwen2.5-0.5B-Instruct --dataset trl-lib/DeepMath-103K
 Offline (CPU):    python examples/quickstart.py --tiny
-Options:          --lora, --load-in-4bit, --estimator {group,centred_token_ramp}
+Options:          --lora, --load-in-4bit, --estimator {group,centred_token_ramp}, --shared-prefix (the group's prompt
+                  runs once in the loss forward: `shared_prefix_forward`)
 """
 
 import argparse
@@ -56,6 +57,7 @@ def main():
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--load-in-4bit", action="store_true")
     parser.add_argument("--estimator", default="group")
+    parser.add_argument("--shared-prefix", action="store_true", help="shared_prefix_forward=True")
     parser.add_argument("--output-dir", default="outputs/quickstart-example")
     args = parser.parse_args()
 
@@ -74,6 +76,7 @@ def main():
     config = GRPOExtConfig(
         output_dir=args.output_dir,
         advantage_estimator=args.estimator,
+        shared_prefix_forward=args.shared_prefix,
         **{**HPARAMS, **(TINY_HPARAMS if args.tiny else {})},
     )
     trainer = GRPOExtTrainer(

@@ -27,7 +27,7 @@ def run_example(script: str, out: Path, *extra: str) -> str:
 @pytest.mark.parametrize(
     "script, extra",
     [
-        ("quickstart.py", []),
+        ("quickstart.py", ["--shared-prefix"]),
         ("quickstart.py", ["--lora", "--load-in-4bit", "--estimator", "centred_token_ramp"]),
     ],
 )

@@ -149,13 +149,19 @@ def test_resume_restores_resets_and_reference(tiny_model_path, tokenizer, tmp_pa
     assert [r["step"] for r in full.extension("prorl").history] == [2, 4]
     assert resumed.extension("prorl").history == full.extension("prorl").history
     # The resumed run starts from the reference the uninterrupted run had at step 3 (the policy of the reset at
-    # step 2), not from the base model. (Later steps are not compared: GRPO's resumed sampling is not bit-exact.)
+    # step 2), not from the base model.
     expected = full_probe.at_step[3]
     assert expected and resumed_probe.at_start.keys() == expected.keys()
     for name in expected:
         assert torch.equal(resumed_probe.at_start[name], expected[name]), name
     # And the run's own second reset happened after the resume.
     assert any(not torch.equal(resumed_probe.at_step[6][name], expected[name]) for name in expected)
+    # Every later step is the uninterrupted run's, bit for bit: rewards and KL, the reference, the policy.
+    assert _logged(resumed, "reward") == _logged(full, "reward") and _logged(resumed, "kl") == _logged(full, "kl")
+    for step in (4, 5, 6):
+        assert all(torch.equal(resumed_probe.at_step[step][n], full_probe.at_step[step][n]) for n in expected), step
+    ours, theirs = dict(resumed.model.named_parameters()), dict(full.model.named_parameters())
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in theirs)
 
 
 def _stub(callback, beta=0.1, eval_strategy="steps"):

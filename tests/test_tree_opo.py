@@ -296,4 +296,5 @@ def test_cli_grows_trees_then_trains_on_them(tmp_path, tiny_cache_dir, capsys):
     assert main(train) == 0
     assert "Trained 1 steps" in capsys.readouterr().out
     assert main([*train[:7], str(tmp_path / "missing.jsonl"), *train[8:]]) == 2
-    assert "--prefix_trees" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "prefix_trees=" in err and "missing.jsonl" in err and "no such file" in err

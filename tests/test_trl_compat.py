@@ -1,30 +1,75 @@
-"""Fails loudly, naming the seam, when TRL renames or reshapes a method or attribute that trainer.py relies on."""
+"""Fails loudly, naming the seam, when TRL renames or reshapes a method or attribute that trainer.py relies on.
+
+CI runs this file on the newest and on the oldest TRL release of the supported range (`.ci/run`).
+"""
 
 import inspect
-from importlib.metadata import version
+from importlib.metadata import requires, version
+from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from trl import GRPOTrainer
 
 from trl_grpo_ext.trainer import TRL_ATTRIBUTES, TRL_SEAMS
 
-HINT = "trl_grpo_ext/trainer.py must be updated for this TRL release (see its module docstring)."
+INSTALLED = Version(version("trl"))
+HINT = (
+    f"trl_grpo_ext/trainer.py (and its shims, trl_grpo_ext/_trl_compat.py) must be updated for trl {INSTALLED} (see "
+    "docs/trl-seams.md, 'Supported TRL releases')."
+)
 
 
-def test_trl_version_is_in_the_tested_range():
-    installed = Version(version("trl"))
-    assert Version("1.16") <= installed < Version("1.17"), f"trl {installed} is outside the tested range >=1.16,<1.17"
+def _trl_requirements() -> list[Requirement]:
+    """The `trl` requirements pyproject.toml declares: the dependency, then the optional ones (the vllm extra)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the same requirements, from the installed package's metadata
+        return [r for r in map(Requirement, requires("trl-grpo-ext")) if r.name == "trl"]
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + [r for reqs in project["optional-dependencies"].values() for r in reqs]
+    return [r for r in map(Requirement, declared) if r.name == "trl"]
+
+
+SUPPORTED = next(r.specifier for r in _trl_requirements() if r.marker is None)
+
+
+def test_trl_version_is_in_the_supported_range():
+    assert INSTALLED in SUPPORTED, f"trl {INSTALLED} is outside the supported range {SUPPORTED} (pyproject.toml)"
+    declared = [str(r) for r in _trl_requirements()]
+    assert all(r.specifier == SUPPORTED for r in _trl_requirements()), (
+        f"pyproject.toml declares different trl ranges: {declared}; keep them equal."
+    )
+
+
+def _expected(name: str) -> tuple[list[str], str]:
+    """The leading parameters `TRL_SEAMS` declares for seam `name` in the installed release, and their release range."""
+    entry = TRL_SEAMS[name]
+    if isinstance(entry, list):
+        return entry, str(SUPPORTED)
+    ranges = [spec for spec in entry if INSTALLED in SpecifierSet(spec)]
+    assert len(ranges) == 1, (
+        f"TRL_SEAMS[{name!r}] needs exactly one release range holding trl {INSTALLED}: {list(entry)}"
+    )
+    return entry[ranges[0]], ranges[0]
+
+
+def _parameters(function) -> list[str]:
+    kinds = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    return [kinds.get(p.kind, "") + p.name for p in inspect.signature(function).parameters.values()]
 
 
 @pytest.mark.parametrize("name", sorted(TRL_SEAMS))
 def test_seam_signature(name):
+    expected, releases = _expected(name)
     method = getattr(GRPOTrainer, name, None)
-    assert method is not None, f"TRL seam GRPOTrainer.{name} no longer exists. {HINT}"
-    params = list(inspect.signature(method).parameters)
-    expected = TRL_SEAMS[name]  # the leading parameters we pass; TRL may add optional ones after them
+    assert method is not None, f"TRL seam GRPOTrainer.{name} (expected in trl {releases}) no longer exists. {HINT}"
+    params = _parameters(method)
+    # The leading parameters we pass; TRL may add optional ones after them.
     assert params[: len(expected)] == expected, (
-        f"TRL seam GRPOTrainer.{name}{params} does not start with {expected}. {HINT}"
+        f"TRL seam GRPOTrainer.{name}{params} does not start with {expected}, its parameters in trl {releases}. {HINT}"
     )
 
 
@@ -115,3 +160,46 @@ def test_added_rows_are_split_into_equal_slices_and_a_reference_needs_beta():
     assert "if self.beta == 0.0:" in init and "self.ref_model = None" in init, (
         f"GRPOTrainer.__init__ no longer builds the reference exactly when beta != 0 (RCC's reference). {HINT}"
     )
+
+
+def test_the_block_size_reaches_trl_in_the_form_each_release_takes():
+    # `_trl_compat.generate_single_turn`: trl >= 1.14.1 takes `num_generations`; trl 1.11.0 to 1.14.0 read the trainer's
+    # `num_generations` (training) or `num_generations_eval` (evaluation), which hold the block size for the one call.
+    from types import SimpleNamespace
+
+    from trl_grpo_ext._trl_compat import generate_single_turn
+
+    trainer = SimpleNamespace(model=SimpleNamespace(training=True), num_generations=8, num_generations_eval=2)
+    seen = []
+
+    def old(prompt_ids, images, multimodal_fields, has_tool_images=False):  # trl 1.11.0 to 1.14.0
+        seen.append((trainer.num_generations, trainer.num_generations_eval, has_tool_images))
+        if prompt_ids == "fail":
+            raise RuntimeError("backend failed")
+        return prompt_ids, None
+
+    def new(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):  # trl >= 1.14.1
+        seen.append((num_generations, has_tool_images))
+        return prompt_ids, None
+
+    assert generate_single_turn(trainer, old, [[5]], None, {}, 4, False) == ([[5]], None)
+    generate_single_turn(trainer, old, [[5]], None, {}, None, True)  # TRL's own `_generate` before 1.14.1: no block
+    trainer.model.training = False
+    generate_single_turn(trainer, old, [[5]], None, {}, 1, False)
+    with pytest.raises(RuntimeError, match="backend failed"):
+        generate_single_turn(trainer, old, "fail", None, {}, 4, False)
+    generate_single_turn(trainer, new, [[5]], None, {}, None, False)  # the group size, as trl 1.14.1 passes it
+    generate_single_turn(trainer, new, [[5]], None, {}, 3, True)
+    assert seen == [(4, 2, False), (8, 2, True), (8, 1, False), (8, 4, False), (2, False), (3, True)]
+    assert (trainer.num_generations, trainer.num_generations_eval) == (8, 2)  # set back after every call
+
+
+def test_shared_prefix_forward_is_refused_before_trl_1_15(monkeypatch, tmp_path):
+    from trl_grpo_ext import GRPOExtConfig, GRPOExtTrainer, _trl_compat
+
+    from .conftest import varied_reward
+
+    monkeypatch.setattr(_trl_compat, "TRL_VERSION", Version("1.14.2"))
+    args = GRPOExtConfig(output_dir=str(tmp_path), shared_prefix_forward=True, bf16=False)
+    with pytest.raises(ValueError, match=r"shared_prefix_forward=True needs trl>=1.15 .* trl 1.14.2 is installed"):
+        GRPOExtTrainer(str(tmp_path / "no-model"), reward_funcs=varied_reward, args=args)

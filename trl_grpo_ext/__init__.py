@@ -21,6 +21,7 @@ from .methods.nord import DifficultyBiasDiagnostic
 from .methods.prorl import ProRLResetCallback
 from .methods.pta import PlanValueReward
 from .rewards import get_reward, list_rewards, register_reward
+from .rewards.guard import RewardFunctionError
 from .rollout import Rollout, RolloutPlan
 from .trainer import GRPOExtTrainer
 from .trainers import (
@@ -77,6 +78,7 @@ __all__ = [
     "register_reward",
     "get_reward",
     "list_rewards",
+    "RewardFunctionError",
     "register_advantage",
     "get_advantage",
     "list_advantages",

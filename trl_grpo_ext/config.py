@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import sys
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
 
 from trl import GRPOConfig
 
@@ -18,6 +22,7 @@ from .methods.prefixes import PrefixColumnsConfig
 from .methods.pta import PTAConfig
 from .methods.segments import SegmentsConfig
 from .methods.tree_opo import TreeOPOConfigSection
+from .shared_prefix import SharedPrefixConfig
 
 SECTIONS = (
     PrefixColumnsConfig,
@@ -32,6 +37,7 @@ SECTIONS = (
     MonitorConfig,
     NoRDConfigSection,
     HiMAConfigSection,
+    SharedPrefixConfig,
 )
 
 
@@ -61,7 +67,12 @@ class GRPOExtConfig(*SECTIONS, GRPOConfig):
         },
     )
 
+    # Fields whose value may be more than their annotation says (the argument parser needs a plain type): their own
+    # checks cover them. A section lists its own in `_untyped_fields` too.
+    _untyped_fields = ("advantage_estimator",)
+
     def __post_init__(self):
+        check_field_types(self)  # before any section compares a value with a number
         super().__post_init__()
         from .advantages import list_advantages
 
@@ -91,6 +102,112 @@ class GRPOExtConfig(*SECTIONS, GRPOConfig):
 
 
 GRPOExtConfig.__doc__ += "".join(section.__doc__.split("\n", 1)[1] for section in SECTIONS)
+
+_KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "a string", type(None): "None"}
+_PLURALS = {bool: "booleans", int: "whole numbers", float: "numbers", str: "strings"}
+
+
+def check_field_types(config) -> None:
+    """Raise a TypeError naming the field, the value and the fix when a method field's value is not of its type.
+
+    Every field a section adds to `GRPOConfig` is checked against its annotation where that is made of `bool`, `int`,
+    `float`, `str`, `None` and `list[...]` of them (an int is a float; a bool is not a number); other annotations,
+    and the fields a class lists in `_untyped_fields`, are left to the sections' own checks. The argument parser
+    already converts command-line and YAML values; this catches a Python caller's `arpo_alpha="0.5"` or `bicc="no"`
+    (a truthy string would switch the method on) before a section compares it with a number.
+    """
+    for f, annotation in _typed_fields(type(config)):
+        value = getattr(config, f.name)
+        if not _matches(value, annotation):
+            raise TypeError(
+                f"{f.name}={value!r} must be {_describe(annotation)}, not {type(value).__name__}; "
+                f"{_fix(f, value, annotation)}."
+            )
+
+
+@functools.cache
+def _typed_fields(cls) -> tuple:
+    """(field, annotation) of each field `check_field_types` checks on configs of class `cls`, found once."""
+    trl = {f.name for f in fields(GRPOConfig)}
+    untyped = {name for klass in cls.__mro__ for name in vars(klass).get("_untyped_fields", ())}
+    found = ((f, _annotation(cls, f.name)) for f in fields(cls) if f.name not in trl and f.name not in untyped)
+    return tuple((f, annotation) for f, annotation in found if annotation is not None)
+
+
+def _annotation(cls, name: str):
+    # The most derived class that annotates `name`; its annotation string is evaluated in its own module.
+    for klass in cls.__mro__:
+        annotation = vars(klass).get("__annotations__", {}).get(name)
+        if annotation is None:
+            continue
+        if not isinstance(annotation, str):
+            return annotation
+        try:
+            return eval(annotation, vars(sys.modules[klass.__module__]))  # `from __future__ import annotations`
+        except Exception:  # a forward reference or a newer syntax: leave the field to its section
+            return None
+    return None
+
+
+def _options(annotation) -> tuple:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _matches(value, annotation) -> bool:
+    options = _options(annotation)
+    if len(options) > 1:
+        return any(_matches(value, option) for option in options)
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if typing.get_origin(annotation) is list:
+        (item,) = typing.get_args(annotation) or (typing.Any,)
+        return isinstance(value, list | tuple) and all(_matches(v, item) for v in value)
+    return True  # another annotation: the section checks it
+
+
+def _describe(annotation) -> str:
+    options = _options(annotation)
+    if len(options) > 1:
+        return " or ".join(_describe(option) for option in options)
+    if typing.get_origin(annotation) is list:
+        (item,) = typing.get_args(annotation) or (typing.Any,)
+        return f"a list of {_PLURALS.get(item, 'values')}"
+    return _KINDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _fix(f, value, annotation) -> str:
+    options = _options(annotation)
+    if isinstance(value, str):
+        for kind in (bool, int, float):
+            if kind in options:
+                parsed = _parse(value, kind)
+                if parsed is not None:
+                    return f"write {f.name}={parsed!r}, without quotes"
+    if isinstance(value, str) and any(typing.get_origin(option) is list for option in options):
+        return f"write {f.name}=[{value!r}], a list"
+    if f.default is not MISSING:
+        return f"e.g. {f.name}={f.default!r}, its default"
+    return f"see the help of {f.name}"
+
+
+def _parse(text: str, kind):
+    lowered = text.strip().lower()
+    if kind is bool:
+        return {"true": True, "false": False}.get(lowered)
+    try:
+        return kind(text)
+    except ValueError:
+        return None
 
 
 @dataclass

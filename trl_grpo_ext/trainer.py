@@ -15,23 +15,35 @@ Seams (trl 1.16, `trl/trainer/grpo_trainer.py`), each wrapped, never copied:
   transformers, continuous-batching and vLLM generation alike. TRL's tool loop calls it again, unchanged.
 - `_tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)`: run on
   branch rows that continue a trajectory after a tool result (ARPO), so that TRL's limits count the whole trajectory.
-- `_calculate_rewards(inputs, prompts, completions, completion_ids_list) -> Tensor (N, F)`: kept for the batch.
+- `_calculate_rewards(inputs, prompts, completions, completion_ids_list) -> Tensor (N, F)`: kept for the batch; for
+  the call, each reward function is guarded (`rewards/guard.py`): an exception becomes a `RewardFunctionError` naming
+  the function and the first failing row, and `train()` saves the last completed step before it re-raises.
 - `_compute_loss(model, inputs)`: rescaled when rows were dropped or added, so that per-row-normalised losses (grpo,
   sapo, dr_grpo, luspo) average over the kept rows of the whole generation batch (all micro-batches, all processes).
 - `_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size)`: called for
   log-probs of rows TRL did not build (`completion_logps`: rows added after scoring, RCC's log-ratio); wrapped only
   while rows carry their own LoRA adapters (`Rollout.adapters`): it runs the model over `input_ids` in chunks of
-  `batch_size` rows, in order, so each forward gets the adapters of its rows (PEFT's mixed-adapter batches).
+  `batch_size` rows, in order, so each forward gets the adapters of its rows (PEFT's mixed-adapter batches). With
+  `shared_prefix_forward`, each chunk of text rows runs once as a prefix tree (`shared_prefix.py`): shared tokens
+  once, a tree attention mask, pre-shifted labels for TRL's fused LM head; the log-probs come back in TRL's layout.
+- `_prepare_inputs(generation_batch)`: with `shared_prefix_forward`, the micro-batches TRL cuts from its shuffled
+  generation batch (`_buffered_inputs`) are cut again from the rows ordered by prompt, groups in their shuffled order,
+  so that a group's rows share micro-batches.
 - `GRPOTrainer.__init__` builds a reference model only when `beta != 0`: an estimator that needs one at `beta = 0`
   (RCC) gets TRL's own, built with a stand-in beta that is set back to 0 before training.
 - `out["tool_mask"]`: the loss masks with `completion_mask * tool_mask`; per-token loss weights and dropped rows are
   multiplied in, and `out["num_items_in_batch"]` (the dapo / cispo normaliser) is recomputed from the product.
 - `_save_checkpoint(model, trial)` / `_load_optimizer_and_scheduler(checkpoint)`: extension state is saved beside
-  TRL's in each checkpoint and restored on `resume_from_checkpoint`.
+  TRL's in each checkpoint and restored on `resume_from_checkpoint`; so are TRL's step count and generation buffer
+  (`_step`, `_buffered_inputs`) of a checkpoint taken between two generations, so that a resumed run is exact.
+- `_get_train_sampler(dataset)`: TRL's `RepeatSampler`, given the `set_epoch` it lacks, so that a run resumed in a
+  later epoch draws that epoch's permutation (uninterrupted, it yields what TRL's yields).
 - Per-row state that TRL builds for a batch before `_generate` (`_sync_tool_dicts`, `_async_tool_dicts`,
   `_batch_environments`): sliced while a generation call covers a subset of the batch's rows.
 
 `tests/test_trl_compat.py` checks every seam named here and fails, naming it, when TRL renames or reshapes one.
+Where an older supported release (`pyproject.toml`'s range) differs, `TRL_SEAMS` lists that range's signature and
+`_trl_compat.py` bridges it; nothing else here knows which release is installed.
 """
 
 from __future__ import annotations
@@ -47,45 +59,57 @@ import transformers
 from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
 from transformers import TrainerCallback
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
-from trl.chat_template_utils import parse_response
 from trl.data_utils import is_conversational
 from trl.extras.profiling import profiling_context
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import use_adapter
+from trl.trainer.utils import split_tensor_dict, use_adapter
 
+from . import _trl_compat
 from .advantages import get_advantage, trl_group
 from .batch import RolloutBatch
 from .extension import Extension, TrainerInputs, list_methods
 from .rewards import resolve_rewards
+from .rewards.guard import RewardFunctionError, check_reward_columns, guard_rewards
 from .rollout import Rollout, RolloutPlan, turn_messages
+from .shared_prefix import check_shared_prefix_model, group_order, prefix_tree, tree_mask_function
 
 logger = logging.getLogger(__name__)
 
 # The TRL private methods this module wraps or calls, with the parameters it relies on; tests/test_trl_compat.py checks
-# them.
+# them. A seam whose signature differs between the supported releases maps each release range to its own (the shims
+# are in `_trl_compat.py`); `*args` is a variadic parameter.
 TRL_SEAMS = {
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
     "_generate_and_score_completions": ["self", "inputs"],
     "_tokenize_prompts": ["self", "prompts"],
-    "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
+    "_generate_single_turn": {
+        ">=1.14.1": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
+        "<1.14.1": ["self", "prompt_ids", "images", "multimodal_fields", "has_tool_images"],
+    },
     "_tool_call_loop": [
         "self", "prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields",
     ],
     "_generate": ["self", "prompts"],
     "_compute_loss": ["self", "model", "inputs"],
-    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
-                                           "batch_size"],
+    "_get_per_token_logps_and_entropies": {
+        "!=1.14.*": ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"],
+        "==1.14.*": ["self", "model", "*args", "batch_size"],  # it hands `*args` on to the full-logits path
+    },
     "_save_checkpoint": ["self", "model", "trial"],
     "_load_optimizer_and_scheduler": ["self", "checkpoint"],
+    "_get_train_sampler": ["self", "dataset"],
+    "_prepare_inputs": ["self", "generation_batch"],
 }  # fmt: skip
 # Trainer attributes read here (set by GRPOTrainer.__init__ or per batch by _generate_and_score_completions).
 TRL_ATTRIBUTES = [
     "reward_weights", "reward_func_names", "reward_funcs", "num_generations", "num_generations_eval", "_logs",
     "_metrics", "_tokenizer", "eos_token_ids", "max_completion_length", "beta", "ref_model", "generation_config",
     "generation_kwargs", "_get_output_dir", "environment_factories", "tools", "max_tool_calling_iterations",
-    "temperature", "loss_type", "use_vllm", "use_transformers_continuous_batching", "rollout_func",
+    "temperature", "loss_type", "use_vllm", "vllm_mode", "vllm_tensor_parallel_size",
+    "use_transformers_continuous_batching", "rollout_func", "num_iterations", "_step", "_buffered_inputs",
 ]  # fmt: skip
 # Losses that average per row (or divide by the number of rows): rows taken out of the loss must leave the count too.
 ROW_NORMALISED_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")
@@ -109,8 +133,38 @@ _MULTIMODAL_KEYS = (
 # TRL's output dict key of the per-row LoRA adapter (B,) long, an index into `trainer.adapters`, when rows have their own.
 ROW_ADAPTERS = "trl_grpo_ext_row_adapters"
 STATE_FILE = "trl_grpo_ext_state.pt"
+# A checkpoint taken between two generations: TRL's step count and generation buffer, one file per process.
+GENERATION_FILE = "trl_grpo_ext_generation-{}.pt"
 # The beta TRL's __init__ sees while it builds a reference that only an estimator reads (never a loss coefficient).
 _REFERENCE_ONLY_BETA = 1.0
+
+
+class _EpochSampler(torch.utils.data.Sampler):
+    """TRL's `RepeatSampler` with the `set_epoch` it lacks: the pass of epoch e draws the permutation TRL's sampler
+    draws at its e-th pass, whatever epoch iteration starts at (a resumed run starts at the checkpoint's).
+
+    Uninterrupted, it yields what TRL's sampler yields. accelerate and transformers call `set_epoch(epoch)` before
+    each epoch's pass (through the batch sampler), and accelerate keeps `generator` in step across processes.
+    """
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self._seeded = sampler.generator.get_state()
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self.sampler.generator
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.generator.set_state(self._seeded)
+        for _ in range(epoch):
+            next(iter(self.sampler), None)  # a pass draws its permutation before it yields its first index
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 class _Stage:
@@ -154,6 +208,8 @@ class GRPOExtTrainer(GRPOTrainer):
             # path does. (A `functools.partial` of a module-level function pickles as it is.)
             args.advantage_estimator = f"{estimator_name.__module__}.{estimator_name.__qualname__}"
         reward_funcs = resolve_rewards(reward_funcs)
+        if getattr(args, "shared_prefix_forward", False):
+            _trl_compat.check_shared_prefix_forward()
         self.extensions = _build_extensions(args, kwargs.get("callbacks"), extensions)
         inputs = TrainerInputs(
             args=args, reward_funcs=reward_funcs, train_dataset=kwargs.get("train_dataset", pos[0] if pos else None),
@@ -162,6 +218,10 @@ class GRPOExtTrainer(GRPOTrainer):
         )  # fmt: skip
         for extension in self.extensions:
             extension.check(inputs)
+        if inputs.rollout_func is None:  # a rollout_func's extra fields reach the rewards as columns too
+            provided = [column for extension in self.extensions for column in getattr(extension, "columns", ())]
+            for dataset, where in ((inputs.train_dataset, "train_dataset"), (inputs.eval_dataset, "eval_dataset")):
+                check_reward_columns(reward_funcs, dataset, where, provided)
         # An estimator that reads the log-ratio to the reference (RCC) needs a reference even at beta = 0, where TRL
         # builds none: TRL builds its own (a copy from the model's path, or the PEFT "ref" adapter, prepared for
         # DeepSpeed / FSDP) under a stand-in beta, set back to 0 right after, so the loss has no KL term.
@@ -180,6 +240,7 @@ class GRPOExtTrainer(GRPOTrainer):
                 args.beta = 0.0
         if needs_reference:
             self.beta = 0.0
+        _trl_compat.set_missing_attributes(self)  # `eos_token_ids` before trl 1.14.2
         self.advantage_estimator = estimator
         self.last_batch: RolloutBatch | None = None
         self.run_info: dict | None = None  # for the model card: trainer name, model, dataset, config as given
@@ -188,6 +249,13 @@ class GRPOExtTrainer(GRPOTrainer):
         self._scores: tuple | None = None  # their gathered (N, F) rewards, and the prompts and completions scored
         self._stage: _Stage | None = None
         self._adapters: _RowAdapters | None = None  # per-row LoRA adapters, once `add_adapters` switched them on
+        if getattr(self.args, "shared_prefix_forward", False):
+            check_shared_prefix_model(self.accelerator.unwrap_model(self.model).config)
+            if getattr(self, "aux_loss_enabled", False):  # TRL: `compute_aux_loss=self.aux_loss_enabled`
+                raise ValueError(
+                    "shared_prefix_forward=True does not support a mixture-of-experts model's load-balancing loss "
+                    "(its router sees each shared token once, not once per row); set shared_prefix_forward=False."
+                )
         for module in (self.model, getattr(self, "ref_model", None)):
             _disable_bnb_cpu_weight_repacking(module)
         # Rewards that need the policy's tokenizer, stop tokens or the trainer declare the attribute and leave it None.
@@ -245,10 +313,59 @@ class GRPOExtTrainer(GRPOTrainer):
     def _rollout_owner(self) -> Extension | None:
         return next((e for e in self.extensions if e.owns_rollout), None)
 
+    # ------------------------------------------------------------------ training
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """`Trainer.train`. When a reward function raises (`RewardFunctionError`), the last completed optimizer step
+        is first saved as `checkpoint-<global_step>` (unless `save_strategy="no"`, no step was completed, or that
+        checkpoint exists), so that `train(resume_from_checkpoint=...)` continues from it; the error names the folder.
+        """
+        try:
+            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        except RewardFunctionError as error:
+            self._checkpoint_after_reward_error(error, trial)
+            raise
+
+    def _checkpoint_after_reward_error(self, error: RewardFunctionError, trial) -> None:
+        # A reward function runs while a batch is generated and scored, before its loss: the model, optimizer and
+        # scheduler are those of the last completed optimizer step (`state.global_step`), as a periodic save there
+        # would have written them (gradients accumulated since are not part of a checkpoint). Trainer._save_checkpoint
+        # names the folder `checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"` in
+        # `run_dir = self._get_output_dir(trial=trial)`, where `resume_from_checkpoint` (or `True`: the last one) finds it.
+        step = self.state.global_step
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if self.args.save_strategy == "no" or step == 0:
+            return
+        if os.path.isdir(folder):
+            note = f"The checkpoint of the last completed step is {folder}; resume with resume_from_checkpoint."
+        elif self.accelerator.num_processes > 1:
+            # Saving is collective, and the other processes wait in the batch's gather: only periodic checkpoints.
+            note = (f"No checkpoint of step {step} was written: with {self.accelerator.num_processes} processes the "
+                    "others cannot join the save; resume from the last periodic checkpoint.")  # fmt: skip
+            folder = None
+        else:
+            try:
+                self._save_checkpoint(self.model_wrapped, trial)
+                note = f"The last completed step was saved to {folder}; resume with resume_from_checkpoint."
+            except Exception as save_error:  # the reward's error is the one to raise; say why nothing was saved
+                logger.exception("saving a checkpoint after the reward function's error failed")
+                note = f"Saving step {step} to {folder} failed too ({type(save_error).__name__}: {save_error})."
+                folder = None
+        error.checkpoint = folder
+        error.args = (f"{error.args[0]} {note}", *error.args[1:])
+
     # ------------------------------------------------------------------ engine API for extensions
     def log_metric(self, name: str, value: float, mode: str = "train") -> None:
         """Log a scalar with TRL's own metrics (averaged over each logging step, sent to `report_to`)."""
         self._metrics[mode][name].append(float(value))
+
+    def any_process(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag, true where it is true on any process: one gather, so every process must call it (as given on
+        one process). What a process does next in a collective step (a generation call, a gather) must not depend
+        on its own rows alone: `trainer.any_process(bool(pending))` decides on all processes' rows at once."""
+        if self.accelerator.num_processes == 1:
+            return tuple(bool(f) for f in flags)
+        local = torch.tensor([float(f) for f in flags], device=self.accelerator.device)
+        return tuple(bool(f) for f in self.accelerator.gather(local).view(-1, len(flags)).amax(dim=0))
 
     @property
     def tokenizer(self):
@@ -305,7 +422,7 @@ class GRPOExtTrainer(GRPOTrainer):
         if self.state.global_step > 0 or getattr(self, "optimizer", None) is not None:
             raise RuntimeError("add_adapters must be called before training starts (the optimizer is built then).")
         if self._adapters is None:
-            self._adapters = _RowAdapters(model, model.active_adapter)
+            self._adapters = _RowAdapters(model, model.active_adapter, self.any_process)
             super().add_callback(self._adapters)
         for name in names:
             self._adapters.add(name)
@@ -413,7 +530,9 @@ class GRPOExtTrainer(GRPOTrainer):
         started = [p + prefix for p, prefix in zip(prompt_ids, prefixes, strict=True)]
         with self._rows_view(rows), profiling_context(self, "continue_rollouts"):
             with self._backend_cap(max(budgets)):
-                generated, logprobs = super()._generate_single_turn(started, None, {}, 1)
+                generated, logprobs = _trl_compat.generate_single_turn(
+                    self, super()._generate_single_turn, started, None, {}, 1, False
+                )
             generated = [_as_list(ids)[:budget] for ids, budget in zip(generated, budgets, strict=True)]
             completions = [[self._parse_turn(ids, started[i])] for i, ids in enumerate(generated)]
             completion_ids = [prefix + ids for prefix, ids in zip(prefixes, generated, strict=True)]
@@ -787,31 +906,50 @@ class GRPOExtTrainer(GRPOTrainer):
             prompt_ids = [_as_list(p) + c for p, c in zip(prompt_ids, stage.context_ids, strict=True)]
         return prompt_ids, images, multimodal_fields
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations=None, has_tool_images=False
+    ):
         # Seam: GRPOTrainer._generate calls `completion_ids, logprobs = self._generate_single_turn(prompt_ids, images,
         # multimodal_fields, num_generations)` once, then `_tool_call_loop` calls it again for post-tool turns. A
-        # stage applies to that first call only.
+        # stage applies to that first call only. Before trl 1.14.1 both call it without `num_generations`; TRL's is
+        # called through `_trl_compat.generate_single_turn`, which passes the block size as the release takes it.
         stage = self._stage
         if stage is None or stage.consumed:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images=has_tool_images)  # fmt: skip
+            return _trl_compat.generate_single_turn(self, super()._generate_single_turn, prompt_ids, images,
+                                                    multimodal_fields, num_generations, has_tool_images)  # fmt: skip
         stage.consumed = True
         prefixes = stage.prefix_ids
         budgets = [self.max_completion_length - len(p) for p in prefixes]
         if stage.max_new_tokens is not None:
             budgets = [min(b, stage.max_new_tokens) for b in budgets]
-        active = [i for i, (done, b) in enumerate(zip(stage.finished, budgets, strict=True)) if not done and b > 0]
+        wanted = [i for i, (done, b) in enumerate(zip(stage.finished, budgets, strict=True)) if not done and b > 0]
+        # vLLM server mode (and colocate mode with tensor parallelism) gathers every process's prompts into one call
+        # and gives each its share back: `VLLMGeneration.generate` runs `all_prompts = gather_object(prompts)`, then
+        # `process_slice = slice(accelerator.process_index * len(prompts), (accelerator.process_index + 1) *
+        # len(prompts))`. With several processes each one must send all of its rows, and call even when none of them
+        # needs generating (a collective): finished rows are then generated, and their output dropped.
+        gathered = self.use_vllm and self.accelerator.num_processes > 1
+        gathered = gathered and (self.vllm_mode == "server" or self.vllm_tensor_parallel_size > 1)
+        active = list(range(len(prompt_ids))) if gathered else wanted
         generated, sampled = {}, ({} if self.use_vllm else None)
         if active:
             if len(active) < len(prompt_ids) and (images is not None or multimodal_fields):
                 raise NotImplementedError("rows that are already finished are not supported with images yet.")
             started = [_as_list(prompt_ids[i]) + prefixes[i] for i in active]
             # The rows of a block share their prefix and finished flag (`_block_size`): active rows are whole blocks.
-            with self._backend_cap(max(budgets[i] for i in active)), self._stop_strings(stage.stop):
-                ids, logprobs = super()._generate_single_turn(started, images, multimodal_fields, stage.block,
-                                                              has_tool_images=has_tool_images)  # fmt: skip
+            cap = max((budgets[i] for i in wanted), default=1)
+            if gathered:  # the main process's `max_tokens` is the one request's, for every process's rows
+                cap = max(gather_object([cap]))
+            with self._backend_cap(cap), self._stop_strings(stage.stop):
+                ids, logprobs = _trl_compat.generate_single_turn(
+                    self, super()._generate_single_turn, started, images, multimodal_fields, stage.block,
+                    has_tool_images,
+                )  # fmt: skip
             sampled = None if logprobs is None else {}
+            keep = set(wanted)
             for k, i in enumerate(active):
+                if i not in keep:
+                    continue
                 generated[i] = _as_list(ids[k])[: budgets[i]]
                 if sampled is not None:
                     sampled[i] = list(logprobs[k])[: len(generated[i])]
@@ -824,8 +962,14 @@ class GRPOExtTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Seam: GRPOTrainer._calculate_rewards(inputs, prompts, completions, completion_ids_list) returns
-        # `rewards_per_func = gather(rewards_per_func)`: (N, F) over all processes. Kept, not changed.
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # `rewards_per_func = gather(rewards_per_func)`: (N, F) over all processes. Kept, not changed. It loops over
+        # `zip(self.reward_funcs, self.reward_processing_classes, self.reward_func_names)` and calls each function as
+        # `reward_func(prompts=prompts, completions=completions, completion_ids=completion_ids_list, **reward_kwargs)`
+        # (awaited on its event loop when `is_async_callable`): for this call only, each one is guarded, so that an
+        # exception names the function and the first failing row (`RewardFunctionError`); reward models are left as
+        # they are, and `self.reward_funcs` keeps the user's objects everywhere else.
+        with _attribute(self, "reward_funcs", guard_rewards(self.reward_funcs, self.reward_func_names)):
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._scores = (rewards_per_func, prompts, completions)
         return rewards_per_func
 
@@ -855,9 +999,16 @@ class GRPOExtTrainer(GRPOTrainer):
         # Seam: GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
         # batch_size=None, ...) runs `model(**model_inputs)` over `input_ids[start:end]` for start in range(0, B,
         # batch_size), in order. With per-row adapters on, each forward takes the next rows' adapters; TRL's reference
-        # (the "ref" adapter, or the adapters disabled) is left as it is.
+        # (the "ref" adapter, or the adapters disabled) is left as it is. With shared_prefix_forward, each chunk runs
+        # as a prefix tree (`_shared_prefix_logps`).
         adapters = self._adapters
         if adapters is None or adapters.rows is None:
+            if getattr(self.args, "shared_prefix_forward", False):
+                names = ("batch_size", "compute_entropy", "compute_aux_loss")  # TRL's order after `logits_to_keep`
+                options = dict(zip(names, args, strict=False), **kwargs)
+                if _text_only(options, len(args)):
+                    size, entropy = options.get("batch_size"), options.get("compute_entropy", False)
+                    return self._shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, size, entropy)
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args,
                                                               **kwargs)  # fmt: skip
         if adapters.model.active_adapter == "ref":
@@ -871,21 +1022,95 @@ class GRPOExtTrainer(GRPOTrainer):
         return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args,
                                                           **kwargs)  # fmt: skip
 
+    def _shared_prefix_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+        # TRL's `_get_per_token_logps_and_entropies`, per chunk of `batch_size` rows, in order: `labels =
+        # input_ids_batch.masked_fill(attention_mask_batch == 0, -100)`, `labels[:, :-logits_to_keep] = -100`, then
+        # `with self.accelerator.autocast(): outputs = model(**model_inputs, labels=labels, fused_lm_head=True)` and
+        # `outputs.log_probs[:, -logits_to_keep:]` (and `outputs.entropy`). Here each chunk runs once as a prefix tree
+        # (`trl_grpo_ext.shared_prefix`): positions, a tree mask built by transformers' mask function for the model's
+        # attention, and pre-shifted labels, which TRL's fused head (`add_fused_lm_head`) scores as they are: `else:
+        # hidden_states = backbone_outputs.last_hidden_state; labels = shift_labels`.
+        batch_size = batch_size or input_ids.size(0)
+        config = self.accelerator.unwrap_model(model).config
+        make_mask = ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation]
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            tree = prefix_tree(input_ids[start : start + batch_size], attention_mask[start : start + batch_size],
+                               logits_to_keep)  # fmt: skip
+            packed_rows, size = tree.input_ids.shape
+            mask = make_mask(batch_size=packed_rows, q_length=size, kv_length=size, allow_is_causal_skip=False,
+                             mask_function=tree_mask_function(tree.subtree_end), attention_mask=None,
+                             dtype=self.accelerator.unwrap_model(model).dtype, device=input_ids.device)  # fmt: skip
+            with self.accelerator.autocast():
+                outputs = model(input_ids=tree.input_ids, attention_mask=mask, position_ids=tree.position_ids,
+                                shift_labels=tree.shift_labels, fused_lm_head=True)  # fmt: skip
+            logps.append(tree.gather(outputs.log_probs))
+            if compute_entropy:
+                entropies.append(tree.gather(outputs.entropy))
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    def _prepare_inputs(self, generation_batch):
+        # Seam: GRPOTrainer._prepare_inputs(generation_batch), training, once per generation: `generation_batch =
+        # self._generate_and_score_completions(generation_batch)`, `shuffle_sequence_dict(generation_batch)`, then
+        # `split_tensor_dict(generation_batch, self.args.steps_per_generation)` into `self._buffered_inputs`, and it
+        # returns `self._buffered_inputs[self._step % self.args.steps_per_generation]`. With shared_prefix_forward, a
+        # new buffer's rows are put back together, ordered by prompt (`group_order`: the groups keep their shuffled
+        # order), and cut again, so that a group's rows share micro-batches and their prefixes run once.
+        buffered = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        slices = self._buffered_inputs
+        if not getattr(self.args, "shared_prefix_forward", False) or slices is buffered:
+            return inputs
+        if any(slices[0].get(key) is not None for key in _MULTIMODAL_KEYS):
+            return inputs  # rows with images run TRL's forward (`_text_only`): nothing to share
+        whole = {key: _join([piece[key] for piece in slices]) for key in slices[0]}
+        order = group_order(whole["prompt_ids"], whole["prompt_mask"], whole["completion_ids"],
+                            whole["completion_mask"])  # fmt: skip
+        whole = {key: _take(value, order) for key, value in whole.items()}
+        self._buffered_inputs = split_tensor_dict(whole, len(slices))
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _get_train_sampler(self, dataset=None):
+        # Seam: GRPOTrainer._get_train_sampler(dataset) returns `RepeatSampler(..., shuffle=self.shuffle_dataset,
+        # seed=self.args.seed)`, whose generator is seeded once and draws `torch.randperm(self.num_samples,
+        # generator=self.generator)` at each pass: epoch e gets the e-th permutation. A resumed run builds a new
+        # sampler and starts at the checkpoint's epoch, so without `set_epoch` it would draw the first one again.
+        sampler = super()._get_train_sampler(dataset)
+        return _EpochSampler(sampler) if getattr(sampler, "generator", None) is not None else sampler
+
     def _save_checkpoint(self, model, trial):
         # Seam: GRPOTrainer._save_checkpoint(model, trial) saves into `<output_dir>/checkpoint-<global_step>`; TRL
         # keeps its own extra state there the same way (entropy_ctrl_state.json).
         super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        # TRL's `_prepare_inputs` generates when `self._step % generate_every == 0 or self._buffered_inputs is None`
+        # ("self._buffered_inputs=None can occur when resuming from a checkpoint") and trains on
+        # `self._buffered_inputs[self._step % self.args.steps_per_generation]`; a new trainer starts at `_step = 0`.
+        # A checkpoint between two generations (steps_per_generation > gradient_accumulation_steps, or
+        # num_iterations > 1) would make the resumed run generate again, from the updated policy, and train on the
+        # wrong slices: each process keeps its step count and the slices it has not trained on yet (unless the
+        # checkpoint holds the model alone, `save_only_model`, which transformers cannot resume from).
+        between = self._step % (self.args.steps_per_generation * self.num_iterations)
+        if between and self._buffered_inputs is not None and not self.args.save_only_model:
+            os.makedirs(folder, exist_ok=True)
+            torch.save({"step": self._step, "buffer": self._buffered_inputs},
+                       os.path.join(folder, GENERATION_FILE.format(self.accelerator.process_index)))  # fmt: skip
         states = {e.name: e.state_dict() for e in self.extensions}
         if not self.args.should_save or not any(states.values()):
             return
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         torch.save(states, os.path.join(folder, STATE_FILE))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Seam: called with the checkpoint folder on `resume_from_checkpoint`, after the model is prepared.
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = os.path.join(checkpoint, STATE_FILE) if checkpoint is not None else None
-        if path is None or not os.path.exists(path):
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, GENERATION_FILE.format(self.accelerator.process_index))
+        if os.path.exists(path):
+            saved = torch.load(path, weights_only=True, map_location=self.accelerator.device)
+            self._step, self._buffered_inputs = saved["step"], saved["buffer"]
+        path = os.path.join(checkpoint, STATE_FILE)
+        if not os.path.exists(path):
             return
         states = torch.load(path, weights_only=True)
         for extension in self.extensions:
@@ -943,13 +1168,21 @@ class GRPOExtTrainer(GRPOTrainer):
         """TRL's output dict with the batch's advantages, loss weights, dropped and added rows written in."""
         out = batch._output
         added = bool(batch.added_from)
-        if batch.loss_advantages is None and batch.loss_weights is None and batch.dropped is None and not added:
+        masked = batch.loss_weights is not None or batch.dropped is not None or added
+        # The gathers below are collective, and one process may drop or add rows where another does not (dynamic
+        # sampling drops a process's zero-variance groups, BiCC adds rows for its mixed ones): every process takes
+        # the branches that any process takes, so that all of them gather, and all of them rescale the loss.
+        changed, masked, rescaled = self.any_process(
+            batch.loss_advantages is not None or masked, masked,
+            added or (batch.dropped is not None and bool(batch.dropped.any())),
+        )  # fmt: skip
+        if not changed:
             return out
-        if added and batch.mode == "train":
+        if rescaled and batch.mode == "train":  # collective: where any process added rows, every process pads
             self._pad_to_micro_batches(batch)
         advantages = batch.current_advantages.clone()
         out["advantages"] = advantages
-        if batch.loss_weights is not None or batch.dropped is not None or added:
+        if masked:
             mask = out.get("tool_mask")
             mask = torch.ones_like(out["completion_mask"]) if mask is None else mask
             mask = mask * (batch.loss_weights if batch.loss_weights is not None else 1)
@@ -958,7 +1191,7 @@ class GRPOExtTrainer(GRPOTrainer):
                 dropped = dropped.to(mask.device)
                 mask = mask * (~dropped).unsqueeze(1)
                 advantages[dropped] = 0.0
-            if (dropped is not None and bool(dropped.any())) or added:
+            if rescaled:
                 kept = torch.ones(mask.size(0), device=mask.device) if dropped is None else (~dropped).float()
                 out[KEPT_ROWS] = kept
                 out[KEPT_TOTAL] = self.accelerator.gather(kept.sum().reshape(1)).sum()
@@ -970,9 +1203,15 @@ class GRPOExtTrainer(GRPOTrainer):
 
     def _pad_to_micro_batches(self, batch: RolloutBatch) -> None:
         # TRL's `_prepare_inputs` splits the generation batch into `steps_per_generation` slices of rows // spg rows
-        # (`split_tensor_dict`), losing the rest: filler rows (copies of row 0, out of the loss) fill the last slice.
+        # (`split_tensor_dict`), losing the rest, and `_compute_loss` gathers per-row values of a slice over the
+        # processes (`self.accelerator.gather(masked_seq_mean(is_low_clipped.float()))`), which needs slices of one
+        # size on every process: filler rows (copies of row 0, out of the loss) fill each process's batch up to the
+        # same multiple of spg (processes add different numbers of rows).
         chunks = self.args.steps_per_generation
-        missing = -batch.completion_ids.size(0) % chunks
+        rows = batch.completion_ids.size(0)
+        if self.accelerator.num_processes > 1:
+            rows = int(self.accelerator.gather(torch.tensor([rows], device=self.accelerator.device)).max())
+        missing = rows + (-rows % chunks) - batch.completion_ids.size(0)
         if not missing:
             return
         out = batch._output
@@ -1008,7 +1247,7 @@ class GRPOExtTrainer(GRPOTrainer):
             getattr(tokenizer, "response_template", None) is not None
             or getattr(tokenizer, "response_schema", None) is not None
         ):
-            return parse_response(tokenizer, ids, prefix=prefix, tools=self.tools)
+            return _trl_compat.parse_response(tokenizer, ids, prefix, self.tools)
         return {"role": "assistant", "content": self.processing_class.decode(ids, skip_special_tokens=True)}
 
     def _block_size(self, plan: RolloutPlan, requested: int, finished: list[bool] | None = None) -> int:
@@ -1077,8 +1316,12 @@ class GRPOExtTrainer(GRPOTrainer):
     def _stop_strings(self, stop: list[str]):
         # transformers: `generate` builds its StopStringCriteria only with a tokenizer, and TRL calls
         # `unwrapped_model.generate(**generate_inputs, generation_config=self.generation_config)` without one; so the
-        # unwrapped model's `generate` gets it for this call. vLLM: its SamplingParams take `stop`. Continuous
-        # batching takes neither: the stage then runs to its cap and the caller cuts at the stop string.
+        # unwrapped model's `generate` gets it for this call. vLLM: `VLLMGeneration.generate` sends its
+        # `generation_kwargs` with every request: to the server as `"generation_kwargs": self.generation_kwargs` (the
+        # client: `sampling_params.update(generation_kwargs or {})`), and in colocate mode through
+        # `generation_kwargs.update(self.generation_kwargs)` into `SamplingParams(**generation_kwargs)`; vLLM then
+        # stops at `stop`, keeping the string (`tests/test_vllm.py` checks both). Continuous batching takes neither:
+        # the stage then runs to its cap and the caller cuts at the stop string.
         if not stop:
             yield
             return
@@ -1123,10 +1366,11 @@ class _RowAdapters(TrainerCallback):
     was in the step's loss.
     """
 
-    def __init__(self, model, policy: str):
+    def __init__(self, model, policy: str, any_process):
         from peft.tuners.lora import LoraLayer
 
         self.model, self.names = model, [policy]
+        self.any_process = any_process  # `trainer.any_process`: a flag over all processes
         self.rows: list[int] | None = None  # per-row indices into `names`, while a batch's rows are being run
         self._uniform: str | None = None
         self._cursor = 0
@@ -1229,8 +1473,11 @@ class _RowAdapters(TrainerCallback):
         return None
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        # Gradients are averaged over the processes by now: an adapter with rows in any process's loss steps on
+        # every process, or the copies of the model would part.
+        stepped = self.any_process(*(index in self._stepped for index in range(len(self.names))))
         for index, name in enumerate(self.names):
-            if index not in self._stepped:
+            if not stepped[index]:
                 for param in self.parameters(name):
                     param.grad = None
         self._stepped = set()
@@ -1323,6 +1570,33 @@ def _dense(value, batch: RolloutBatch, fill: float) -> torch.Tensor:
 def _turns_before(tool_mask: list[int], point: int) -> int:
     """The model turn that starts at `point`: how many times the mask goes from tool (0) back to model (1) by then."""
     return sum(1 for t in range(1, point + 1) if tool_mask[t] == 1 and tool_mask[t - 1] == 0)
+
+
+def _text_only(options: dict, positional: int) -> bool:
+    """Whether a `_get_per_token_logps_and_entropies` call can run as a prefix tree: text rows, no MoE aux loss."""
+    if positional > 3:  # multimodal inputs given by position, after TRL's `compute_aux_loss`
+        return False
+    other = set(options) - {"batch_size", "compute_entropy", "compute_aux_loss"}
+    return not options.get("compute_aux_loss") and all(options[key] is None for key in other)
+
+
+def _join(values: list):
+    # The inverse of TRL's `split_tensor_dict` (tensors and lists cut along rows, 0-dim tensors and None copied).
+    first = values[0]
+    if isinstance(first, torch.Tensor) and first.ndim > 0:
+        return torch.cat(values)
+    if isinstance(first, list):
+        return [item for value in values for item in value]
+    return first
+
+
+def _take(value, order: torch.Tensor):
+    # TRL's `shuffle_sequence_dict` permutation, for any row order.
+    if isinstance(value, torch.Tensor) and value.ndim > 0:
+        return value[order.to(value.device)]
+    if isinstance(value, list):
+        return [value[i] for i in order.tolist()]
+    return value
 
 
 @contextlib.contextmanager

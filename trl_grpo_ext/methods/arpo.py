@@ -226,6 +226,15 @@ class ARPO(Extension):
                 "ARPO branching with vLLM server mode on several processes is not supported yet (processes would make "
                 "different numbers of generation calls); use vllm_mode='colocate' or transformers generation."
             )
+        sharded = trainer.is_fsdp_enabled or getattr(trainer.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
+        if trainer.accelerator.num_processes > 1 and sharded:
+            # Sharded parameters make every forward pass collective (generation, TRL's tool loop, the entropies), and
+            # processes branch, and continue their branches' tool calls, differently: they would wait on each other.
+            raise NotImplementedError(
+                "ARPO branching with sharded parameters (FSDP, DeepSpeed ZeRO-3) on several processes is not supported "
+                "yet (processes make different numbers of forward passes); use DDP (accelerate's multi_gpu) or "
+                "DeepSpeed ZeRO-1/2, or one process."
+            )
         self.log_vocab = math.log(len(trainer.tokenizer))
 
     def rollout(self, plan: RolloutPlan, prompts: list) -> Rollout | None:
@@ -233,6 +242,12 @@ class ARPO(Extension):
             return None
         trainer, m, n = self.trainer, plan.num_generations, self.n
         groups = len(plan.rows) // m
+        # Each group draws its branches from its own generator, seeded from one draw of `self.generator` per batch
+        # (alike on every process) and the group's index over all processes: a group branches as it would with the
+        # whole batch on one process, whichever process holds it, and a resumed run as the uninterrupted one.
+        seed = int(torch.randint(2**62, (1,), generator=self.generator))
+        first = trainer.accelerator.process_index * groups
+        draws = [torch.Generator().manual_seed(seed + first + g) for g in range(groups)]
         initial = [g * m + j for g in range(groups) for j in range(n)]
         parts = [trainer.generate_rollouts([prompts[i] for i in initial], plan.select(initial), num_generations=n,
                                            rows=initial)]  # fmt: skip
@@ -258,7 +273,7 @@ class ARPO(Extension):
                 for _ in range(self.beam - 1):
                     if used[g] + sum(1 for s, _ in new if s.slot // m == g) >= m:
                         break
-                    if branches(torch.rand((), generator=self.generator).item(), delta, self.alpha, self.beta):
+                    if branches(torch.rand((), generator=draws[g]).item(), delta, self.alpha, self.beta):
                         new.append((t, t.points[j - 1]))
             if new:
                 slots = []
@@ -282,10 +297,15 @@ class ARPO(Extension):
                 entropies += more
             round_ += 1
         fresh = [g * m + k for g in range(groups) for k in range(used[g], m)]
-        if fresh:
-            part = trainer.generate_rollouts([prompts[i] for i in fresh], plan.select(fresh), num_generations=1,
-                                             rows=fresh)  # fmt: skip
-            made = Rollout.concat([made, part])
+        # TRL's `_generate` gathers per-row values over the processes (`self.accelerator.gather(prompt_lengths)`),
+        # and processes branch differently: each generates as many fresh rows as the one with the most, the rows
+        # beyond its own (copies of a row of its batch) thrown away.
+        most = int(trainer.accelerator.gather(torch.tensor([len(fresh)], device=trainer.accelerator.device)).max())
+        if most:
+            rows = fresh + [(fresh or initial)[-1]] * (most - len(fresh))
+            part = trainer.generate_rollouts([prompts[i] for i in rows], plan.select(rows), num_generations=1,
+                                             rows=rows)  # fmt: skip
+            made = Rollout.concat([made, part.take(list(range(len(fresh))))])
             parents += [-1] * len(fresh)
             shared += [0] * len(fresh)
         slots = [t.slot for t in trajectories] + fresh
@@ -299,6 +319,14 @@ class ARPO(Extension):
         self.log("branch_probability", sum(probabilities) / len(probabilities) if probabilities else 0.0)
         self.log("generated_tokens_saved", sum(branch_rows))
         return rollout
+
+    def state_dict(self) -> dict:
+        # Branching decisions draw from this generator: a resumed run branches where the uninterrupted run does.
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
 
 
 def _from_config(args) -> ARPO | None:

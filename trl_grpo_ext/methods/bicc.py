@@ -254,7 +254,8 @@ class BiCC(Extension):
     def setup(self, trainer) -> None:
         super().setup(trainer)
         self.column = correctness_column(trainer.reward_funcs, self.reward)
-        self._generator = torch.Generator().manual_seed(self.seed + 7919 * trainer.accelerator.process_index)
+        # One generator, seeded alike on every process, draws for every group of the batch (see `after_scoring`).
+        self._generator = torch.Generator().manual_seed(self.seed)
         logger.info(
             f"BiCC: a completion is correct when {trainer.reward_func_names[self.column]} >= {self.threshold}."
         )
@@ -268,21 +269,27 @@ class BiCC(Extension):
         if batch.mode != "train":
             return
         trainer, group = self.trainer, batch.num_generations
-        scored = batch.num_scored
-        values = batch.local(batch.rewards_per_func[:, self.column])  # (B,)
-        usable = ~torch.isnan(values)
-        if batch.dropped is not None:
-            usable &= ~batch.dropped[:scored].to(usable.device)
+        scored, first = batch.num_scored, batch.process_slice.start
+        # Pairs are drawn for every group of every process, in row order, and each process keeps its own groups'
+        # (groups are whole on a process): the draws are those of one process holding the whole batch, and the
+        # generator, whose state the main process saves in checkpoints, moves alike on every process.
+        values = batch.rewards_per_func[:, self.column]  # (N,)
+        dropped = batch.dropped[:scored] if batch.dropped is not None else torch.zeros(scored, dtype=torch.bool)
+        usable = ~torch.isnan(values) & ~trainer.accelerator.gather(dropped.long().to(values.device)).bool()  # (N,)
         correct = (values >= self.threshold).tolist()
-        confidence = self._confidence(batch) if self.pairing == "confident" else None
+        confidence = None
+        if self.pairing == "confident":
+            confidence = trainer.accelerator.gather(torch.tensor(self._confidence(batch), device=values.device))
+            confidence = confidence.tolist()
         cap = self.max_pairs or group
         pairs, mixed = [], 0
-        for start in range(0, scored, group):
+        for start in range(0, values.numel(), group):
             rows = [r for r in range(start, start + group) if bool(usable[r])]
             found = pair_rows([correct[r] for r in rows], self.pairing, self._generator,
                               None if confidence is None else [confidence[r] for r in rows], cap)  # fmt: skip
-            mixed += bool(found)
-            pairs += [(rows[i], rows[j]) for i, j in found]
+            if first <= start < first + scored:
+                mixed += bool(found)
+                pairs += [(rows[i] - first, rows[j] - first) for i, j in found]
         sources = [i for i, _ in pairs]
         if pairs:
             texts = [self._opposite_text(batch, j) for _, j in pairs]

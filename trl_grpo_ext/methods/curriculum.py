@@ -47,9 +47,9 @@ def check_schedule(
         raise ValueError(f"budget_decays={num_decays!r} must be at least 1 (the paper uses 3).")
     if total_steps is not None and total_steps < num_decays + 1:
         raise ValueError(
-            f"the budget schedule spans {total_steps} step(s) (budget_total_steps, or max_steps), too few for "
-            f"budget_decays={num_decays}: each of the {num_decays + 1} budget stages needs at least one step; train "
-            "longer or decay fewer times."
+            f"the budget schedule from budget_start={start} spans {total_steps} step(s) (budget_total_steps, or "
+            f"max_steps), too few for budget_decays={num_decays}: each of the {num_decays + 1} budget stages needs at "
+            "least one step; train longer or decay fewer times."
         )
 
 
@@ -209,8 +209,13 @@ class CurriculumConfig:
         for name, choices in (("budget_length_shape", SHAPES), ("budget_length_count", COUNTS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {choices}.")
+        total = self.budget_total_steps
+        if total is not None and total < 1:
+            raise ValueError(
+                f"budget_total_steps={total!r} must be a whole number >= 1, or None for the run's max_steps."
+            )
         if self.budget_start is not None:
-            total = self.budget_total_steps or (self.max_steps if self.max_steps > 0 else None)
+            total = total or (self.max_steps if self.max_steps > 0 else None)
             check_schedule(start=self.budget_start, end=self.budget_end, num_decays=self.budget_decays,
                            total_steps=total, schedule=self.budget_schedule)  # fmt: skip
 
@@ -234,6 +239,7 @@ class TokenBudgetCurriculum(Extension, TrainerCallback):
     """
 
     name = "curriculum"
+    columns = ("budget",)  # added to every row: reward functions may require it
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
 
 import torch
+from accelerate.utils import gather_object
 
 from ..extension import Extension, Method, TrainerInputs, register_method
 from ..rewards import completion_text, get_reward, register_reward
@@ -181,7 +182,8 @@ def check_draft_config(args) -> None:
                 f"{getattr(args, switch)!r}; leave {name} at its default, or change {switch}."
             )
     if source == "model" and not args.draft_model:
-        raise ValueError("draft_source='model' needs draft_model: the path or Hub id of the model that writes drafts.")
+        raise ValueError(f"draft_source='model' needs draft_model (it is {args.draft_model!r}): the path or Hub id of "
+                         "the model that writes drafts.")  # fmt: skip
     if source == "column" and (not isinstance(args.draft_column, str) or not args.draft_column):
         raise ValueError(f"draft_column={args.draft_column!r} must name the dataset column that holds the drafts.")
     minimum = {"draft_num": 1 if source == "model" else 0, "drafts_per_prompt": 1, "draft_best_of": 1,
@@ -444,6 +446,7 @@ class Drafts(Extension):
     """
 
     name = "drafts"
+    columns = (DRAFTS_COLUMN,)  # added to every row: reward functions may require it
     order = 50
 
     def __init__(self, args):
@@ -492,7 +495,8 @@ class Drafts(Extension):
                 "by a reward function (e.g. 'accuracy'); set draft_reward to one."
             )
         self.score_fn = fn
-        self._generator = torch.Generator().manual_seed(self.seed + 7919 * trainer.accelerator.process_index)
+        # One generator, seeded alike on every process, draws for every group of the batch (see `prepare`).
+        self._generator = torch.Generator().manual_seed(self.seed)
         if self.source == "model":
             self.draft_model = self._load_draft_model()
         logger.info(
@@ -528,11 +532,13 @@ class Drafts(Extension):
             self.batches += 1
 
     def _refining(self, groups: int) -> list[bool]:
+        """Per group of every process (`groups` each), whether it refines."""
+        total = groups * self.trainer.accelerator.num_processes
         if self.mode == "refine":
-            return [True] * groups
+            return [True] * total
         if self.mode == "alternate":
-            return [self.batches % 2 == 0] * groups  # batch 1 solves, batch 2 refines, ...
-        return (torch.rand(groups, generator=self._generator) < self.ratio).tolist()
+            return [self.batches % 2 == 0] * total  # batch 1 solves, batch 2 refines, ...
+        return (torch.rand(total, generator=self._generator) < self.ratio).tolist()
 
     def prepare(self, plan) -> None:
         plan.rows[:] = [{**row, DRAFTS_COLUMN: []} for row in plan.rows]
@@ -548,6 +554,11 @@ class Drafts(Extension):
         refining = self._refining(len(starts))
         self._collect(plan, starts, keys, refine_batch=self.mode != "alternate" or refining[0])
         pool = self.store.pool()
+        # Drafts are chosen for the groups of every process, in row order, from the store every process shares and
+        # with one generator, and each process keeps its own groups' (groups are whole on a process): the choice of
+        # one process holding the whole batch, and a generator state that is every process's.
+        first = self.trainer.accelerator.process_index * len(starts)
+        all_keys, all_rows = gather_object(keys), gather_object([plan.rows[s] for s in starts])
         targets = [k for k, r in enumerate(refining) if r]
         verdicts = {}
 
@@ -556,17 +567,18 @@ class Drafts(Extension):
             if self.keep != "wrong" or self.match == "matched":
                 return True
             if (t, i) not in verdicts:
-                (score,) = self._score([plan.rows[starts[targets[t]]]], [pool[i].text])
+                (score,) = self._score([all_rows[targets[t]]], [pool[i].text])
                 verdicts[t, i] = score is not None and score < self.threshold
             return verdicts[t, i]
 
-        chosen = choose_drafts([keys[k] for k in targets], pool, match=self.match, keep=self.keep,
+        chosen = choose_drafts([all_keys[k] for k in targets], pool, match=self.match, keep=self.keep,
                                per_row=self.per_row, best_of=self.best_of, generator=self._generator,
                                accept=accept)  # fmt: skip
-        shown = [[] for _ in starts]
+        shown = [[] for _ in all_keys]
         for k, picked in zip(targets, chosen, strict=True):
             shown[k] = [pool[i].text for i in picked]
-        missing = sum(1 for k in targets if not shown[k])
+        shown = shown[first : first + len(starts)]
+        missing = sum(1 for k in targets if first <= k < first + len(starts) and not shown[k - first])
         flat_rows = [plan.rows[starts[k]] for k in range(len(starts)) for _ in shown[k]]
         flat_scores = self._score(flat_rows, [t for texts in shown for t in texts]) if flat_rows else []
         scores, cursor = [], 0
@@ -611,13 +623,14 @@ class Drafts(Extension):
         texts = [[self._cut(t) for t in group] for group in texts]
         flat_rows = [row for row, group in zip(rows, texts, strict=True) for _ in group]
         scores = self._score(flat_rows, [t for group in texts for t in group]) if flat_rows else []
-        k = 0
+        k, drafts = 0, []
         for key, group in zip(keys, texts, strict=True):
             for text in group:
                 score = scores[k]
                 k += 1
-                correct = None if score is None else score >= self.threshold
-                self.store.add(Draft(key, text, score, correct))
+                drafts.append(Draft(key, text, score, None if score is None else score >= self.threshold))
+        for draft in gather_object(drafts):  # every process's, in row order: one store on every process
+            self.store.add(draft)
 
     def _cut(self, text: str) -> str:
         limit = self.max_tokens or self.trainer.args.max_completion_length
@@ -711,12 +724,15 @@ class Drafts(Extension):
             self.log("draft_accuracy", totals["drafts_ok"] / totals["drafts"], mode="train")
         if self.source == "self":  # the policy's answers are drafts for later batches
             keys = batch.notes["draft_key"][:scored]
+            drafts = []
             for key, text, value in zip(keys, texts, values, strict=True):
                 if text.strip():
                     score = None if math.isnan(value) else value
-                    self.store.add(
+                    drafts.append(
                         Draft(key, self._cut(text), score, None if score is None else score >= self.threshold)
                     )
+            for draft in gather_object(drafts):  # every process's, in row order: one store on every process
+                self.store.add(draft)
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:

@@ -81,7 +81,8 @@ class DynamicSamplingConfig:
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"dynamic_sampling_max_rounds={rounds!r} must be a whole number >= 0 (0: drop only).")
         if not self.dynamic_sampling and (rounds > 0 or self.dynamic_sampling_reward is not None):
-            what = f"dynamic_sampling_max_rounds={rounds}" if rounds else "dynamic_sampling_reward"
+            what = (f"dynamic_sampling_max_rounds={rounds}" if rounds
+                    else f"dynamic_sampling_reward={self.dynamic_sampling_reward!r}")  # fmt: skip
             raise ValueError(
                 f"{what} is set, but dynamic_sampling=False; set dynamic_sampling=True, or leave {what.split('=')[0]} "
                 "at its default."
@@ -113,6 +114,18 @@ class DynamicSampling(Extension):
                 "be a map-style dataset (an IterableDataset cannot be indexed); set dynamic_sampling_max_rounds=0 to "
                 "only drop groups."
             )
+        if self.reward not in (None, "total"):
+            from .bicc import reward_names  # bicc imports this module's CORRECTNESS_REWARDS
+
+            self._reward_column(reward_names(inputs.reward_funcs))  # before the model loads; `setup` reads TRL's names
+
+    def _reward_column(self, names: list[str]) -> int:
+        if self.reward not in names:
+            raise ValueError(
+                f"dynamic_sampling_reward={self.reward!r} is not one of this trainer's rewards {names}; give the name "
+                "a reward is logged under (rewards/<name>/mean), or 'total'."
+            )
+        return names.index(self.reward)
 
     def setup(self, trainer) -> None:
         super().setup(trainer)
@@ -120,20 +133,17 @@ class DynamicSampling(Extension):
         if self.reward == "total":
             self.column = None
         elif self.reward is not None:
-            if self.reward not in names:
-                raise ValueError(
-                    f"dynamic_sampling_reward={self.reward!r} is not one of this trainer's rewards {names}; give the "
-                    "name a reward is logged under (rewards/<name>/mean), or 'total'."
-                )
-            self.column = names.index(self.reward)
+            self.column = self._reward_column(names)
         else:
             marked = [i for i, f in enumerate(trainer.reward_funcs) if getattr(f, "correctness", False)]
             named = [i for i, n in enumerate(names) if n in CORRECTNESS_REWARDS]
             self.column = (marked or named or [None])[0]
         what = "the weighted total reward" if self.column is None else f"the reward {names[self.column]!r}"
         logger.info(f"dynamic sampling keeps the groups whose {what} varies.")
-        # Its own generator: refills must not shift the global RNG that generation and shuffling draw from.
-        self._generator = torch.Generator().manual_seed(self.seed + 7919 * trainer.accelerator.process_index)
+        # Its own generator: refills must not shift the global RNG that generation and shuffling draw from. Seeded
+        # alike on every process, it draws every process's refills (`_draw`), so its state, which the main process
+        # saves in checkpoints, is every process's.
+        self._generator = torch.Generator().manual_seed(self.seed)
 
     def after_scoring(self, batch) -> None:
         if batch.mode != "train":
@@ -180,10 +190,20 @@ class DynamicSampling(Extension):
         return batch.local(rows).clone().to(batch.completion_mask.device)
 
     def _draw(self, num_groups: int, group: int) -> list[dict]:
-        """`num_groups` prompts drawn at random from the training set, each repeated for a whole group."""
-        dataset = self.trainer.train_dataset
-        indices = torch.randint(len(dataset), (num_groups,), generator=self._generator).tolist()
+        """`num_groups` prompts drawn at random from the training set, each repeated for a whole group: this process's
+        share of a draw for every process (each process draws as many)."""
+        dataset, accelerator = self.trainer.train_dataset, self.trainer.accelerator
+        drawn = torch.randint(len(dataset), (accelerator.num_processes, num_groups), generator=self._generator)
+        indices = drawn[accelerator.process_index].tolist()
         return [dict(dataset[i]) for i in indices for _ in range(group)]
+
+    def state_dict(self) -> dict:
+        # Refills draw their prompts from this generator: a resumed run draws the ones the uninterrupted run draws.
+        return {"generator": self._generator.get_state()} if self._generator is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "generator" in state and self._generator is not None:
+            self._generator.set_state(state["generator"])
 
 
 def _from_config(args) -> DynamicSampling | None:

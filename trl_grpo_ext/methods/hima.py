@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 
 from ..extension import Extension, Method, TrainerInputs, register_method
 from ..registry import _import_path
 from ..rewards import register_reward
+from ..rewards.guard import check_reward_name
 from ..rollout import Rollout, RolloutPlan
 
 __all__ = ["Agent", "Hierarchy", "node_group_advantages", "select_node_groups", "MemoryEntry", "MemoryStore",
@@ -351,12 +354,18 @@ def load_hierarchy(spec) -> Hierarchy:
         return toy_hierarchy()
     if isinstance(spec, Mapping):
         return Hierarchy.from_dict(spec)
+    if not isinstance(spec, str | os.PathLike):
+        raise ValueError(f"hima_hierarchy={spec!r} must be a YAML / JSON hierarchy file, 'toy', a mapping or a "
+                         "Hierarchy.")  # fmt: skip
     path = Path(spec)
-    if not path.exists():
+    if not str(spec) or not path.is_file():
         raise ValueError(f"hima_hierarchy={str(spec)!r}: no such file; give a YAML / JSON hierarchy file or 'toy'.")
     import yaml
 
-    return Hierarchy.from_dict(yaml.safe_load(path.read_text()))
+    try:
+        return Hierarchy.from_dict(yaml.safe_load(path.read_text()))
+    except (yaml.YAMLError, TypeError, ValueError) as error:  # the file's own mistakes, named with the field
+        raise ValueError(f"hima_hierarchy={str(spec)!r}: {error}") from None
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -394,6 +403,9 @@ class HiMAConfigSection:
     hima_memory_retrieve: int = field(default=2, metadata={"help": "HiMA: entries retrieved into a prompt."})
     hima_agent_adapters: bool = field(default=False, metadata={"help": "HiMA: one LoRA adapter per agent."})
 
+    # `check_hima_config` checks these itself: the hierarchy may be a mapping or a `Hierarchy`, and top-K an int.
+    _untyped_fields = ("hima_hierarchy", "hima_top_k")
+
     def __post_init__(self):
         super().__post_init__()
         if self.hima_hierarchy is not None:  # `HiMATrainer(hierarchy=...)` may set it later: checked there again
@@ -411,6 +423,7 @@ def check_hima_config(args) -> None:
         raise ValueError(f"num_generations={args.num_generations} must be a multiple of hima_alternatives={g}: "
                          f"each question gets num_generations / G node groups; e.g. num_generations={2 * g}.")  # fmt: skip
     _top_k(args.hima_top_k)
+    check_reward_name("hima_accuracy_reward", args.hima_accuracy_reward)
     for name in ("hima_memory_capacity", "hima_memory_retrieve"):
         value, low = getattr(args, name), 1 if name.endswith("capacity") else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -421,13 +434,10 @@ def check_hima_config(args) -> None:
 def _top_k(value) -> int | str:
     if value == "all":
         return "all"
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        k = 0
-    if k < 1 or isinstance(value, bool):
+    whole = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, str) and value.isdigit())
+    if not whole or int(value) < 1:
         raise ValueError(f"hima_top_k={value!r} must be a whole number >= 1 or 'all'.")
-    return k
+    return int(value)
 
 
 # ---------------------------------------------------------------------------------------------- the rollout
@@ -444,6 +454,7 @@ class _Call:
     prompt_ids: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
+    logprobs: list[float | None] | None = None  # the backend's sampling log-probs of output_ids (vLLM), else None
 
 
 @dataclass
@@ -496,6 +507,7 @@ class HiMA(Extension):
     """
 
     name = "hima"
+    columns = ("hima_format", "hima_cost", "hima_agent")  # the rollout's extra fields, a column for the rewards
     owns_rollout = True
 
     def __init__(self, hierarchy, alternatives: int = 4, top_k: int | str = "all", memory_capacity: int = 64,
@@ -521,12 +533,13 @@ class HiMA(Extension):
         if inputs.args.num_generations % self.alternatives:
             raise ValueError(f"num_generations={inputs.args.num_generations} must be a multiple of "
                              f"hima_alternatives={self.alternatives}.")  # fmt: skip
+        if self.adapters and getattr(inputs.args, "use_vllm", False):
+            raise ValueError(f"per-agent LoRA adapters {self.adapters} (hima_agent_adapters, or agents' `adapter:`) "
+                             "generate with transformers' `generate`, which switches adapters per call; vLLM serves one "
+                             "policy: set use_vllm=False, or let the agents share the policy's weights.")  # fmt: skip
 
     def setup(self, trainer) -> None:
         super().setup(trainer)
-        if trainer.accelerator.num_processes > 1:
-            raise NotImplementedError("HiMA's rollout runs on one process for now (its agent calls differ per "
-                                      "process); train it with one process.")  # fmt: skip
         if self.adapters:  # each agent's calls are generated with, and train, its own LoRA adapter
             trainer.add_adapters(self.adapters)
 
@@ -569,19 +582,32 @@ class HiMA(Extension):
     # ---- running calls
     def _generate(self, plan: RolloutPlan, systems: list[_System], block: int = 1) -> None:
         """Generate the pending call of every system (in blocks of `block` rows that share their call); with
-        per-agent adapters, one generation per adapter, each under its own."""
+        per-agent adapters, one generation per adapter, each under its own.
+
+        Every process makes the same generation calls (each is collective: the block size is agreed on all rows,
+        vLLM and ZeRO-3 generate for all processes at once): one per adapter that any process has calls for, in
+        hierarchy order, with no rows of its own where it has none (`_generate_calls` then stands in)."""
         if not self.adapters:
             self._generate_calls(plan, systems, block)
             return
         parts: dict = {}
         for system in systems:  # a block's rows share their call, so its agent: blocks stay whole
             parts.setdefault(self.hierarchy.agent(system.pending.agent).adapter, []).append(system)
-        for adapter, part in parts.items():
-            with self.trainer.use_adapter(adapter):
-                self._generate_calls(plan, part, block)
+        names = [None, *self.adapters]
+        for adapter, used in zip(names, self.trainer.any_process(*(n in parts for n in names)), strict=True):
+            if used:
+                with self.trainer.use_adapter(adapter):
+                    self._generate_calls(plan, parts.get(adapter, []), block)
 
     def _generate_calls(self, plan: RolloutPlan, systems: list[_System], block: int) -> None:
         trainer = self.trainer
+        if not systems:  # another process has calls to generate: take part in the call with one block, thrown away
+            messages = self._messages(self.hierarchy.master, "")
+            stage = RolloutPlan(rows=[plan.rows[0]] * block, mode=plan.mode, num_generations=block)
+            trainer.generate_stage(
+                [messages] * block, stage, num_generations=block, max_new_tokens=1, rows=[0] * block
+            )
+            return
         caps = []
         for system in systems:
             agent = self.hierarchy.agent(system.pending.agent)
@@ -592,12 +618,15 @@ class HiMA(Extension):
         prompts = [s.pending.messages for s in systems]
         stage = RolloutPlan(rows=[plan.rows[r] for r in rows], mode=plan.mode, num_generations=block)
         routing = any(self.hierarchy.agent(s.pending.agent).routes for s in systems)
-        ids, _ = trainer.generate_stage(prompts, stage, num_generations=block, max_new_tokens=max(max(caps), 1),
-                                        stop=["</route>"] if routing else [], rows=rows)  # fmt: skip
+        ids, logprobs = trainer.generate_stage(prompts, stage, num_generations=block,
+                                               max_new_tokens=max(max(caps), 1), stop=["</route>"] if routing else [],
+                                               rows=rows)  # fmt: skip
         prompt_ids = trainer.tokenize_prompts(prompts, rows=rows)
-        for system, out, cap, p_ids in zip(systems, ids, caps, prompt_ids, strict=True):
+        for k, (system, out, cap, p_ids) in enumerate(zip(systems, ids, caps, prompt_ids, strict=True)):
             call = system.pending
             call.prompt_ids, call.output_ids = list(p_ids), list(out)[: max(cap, 0)]
+            if logprobs is not None:  # vLLM's importance-sampling correction needs them for the trained calls
+                call.logprobs = list(logprobs[k])[: len(call.output_ids)]
             call.text = trainer.tokenizer.decode(call.output_ids, skip_special_tokens=True)
             self._generated += len(call.output_ids)
             system.calls.append(call)
@@ -638,9 +667,11 @@ class HiMA(Extension):
         system.format_ok.append(bool(call.text.strip()))
 
     def _finish(self, plan: RolloutPlan, systems: list[_System]) -> None:
+        # Round by round, until no system of any process has a call pending: the processes' systems take different
+        # numbers of calls, and every process joins each round's generation call.
         while True:
             pending = [s for s in systems if s.pending is not None]
-            if not pending:
+            if not self.trainer.any_process(bool(pending))[0]:
                 return
             self._generate(plan, pending)
 
@@ -692,6 +723,7 @@ class HiMA(Extension):
             prompt_ids=[list(c.prompt_ids) for c in trained],
             completion_ids=[list(c.output_ids) for c in trained],
             completions=[[{"role": "assistant", "content": s.answer or ""}] for s in systems],
+            logprobs=[list(c.logprobs) for c in trained] if all(c.logprobs is not None for c in trained) else None,
             extra_fields={"hima_format": fmt, "hima_cost": cost, "hima_agent": list(self._owners)},
             adapters=[h.agent(a).adapter for a in self._owners] if self.adapters else None,
         )
@@ -714,7 +746,8 @@ class HiMA(Extension):
         total = int(groups.max()) + 1
         self.log("node_groups", total)
         self.log("selected_groups", len(selected))
-        kept_owners = [self._owners[int(gr) * g] for gr in selected]
+        owners = gather_object(list(self._owners))  # (N,) the node groups are numbered over all processes' rows
+        kept_owners = [owners[int(gr) * g] for gr in selected]
         for agent in self.hierarchy.order():
             self.log(f"selected_{agent}", kept_owners.count(agent) / max(len(selected), 1))
         self._update_memories(batch)
@@ -726,13 +759,15 @@ class HiMA(Extension):
         weights = batch.reward_weights.float().cpu()
         per_func = torch.nan_to_num(batch.rewards_per_func.float().cpu(), nan=0.0) * weights
         keep = [i for i, n in enumerate(names) if n != "hima_efficiency"]
-        outcome = per_func[:, keep].sum(dim=1)
+        outcome = per_func[:, keep].sum(dim=1)  # (N,)
+        # Every process's stores observe every process's systems, in row order: they stay one store, as on one
+        # process (what is retrieved into the next prompts, and what a checkpoint saves from the main process).
+        seen = gather_object([[(call.agent, system.question, system.answer or call.text) for call in system.calls
+                               if call.agent in self.memories] for system in self._systems])  # fmt: skip
         decisions = {"add": 0, "update": 0, "delete": 0, "keep": 0}
-        for system, value in zip(self._systems, outcome.tolist(), strict=True):
-            for call in system.calls:
-                memory = self.memories.get(call.agent)
-                if memory is not None:
-                    decisions[memory.observe(system.question, system.answer or call.text, value, step=batch.step)] += 1
+        for calls, value in zip(seen, outcome.tolist(), strict=True):
+            for agent, question, content in calls:
+                decisions[self.memories[agent].observe(question, content, value, step=batch.step)] += 1
         for key, count in decisions.items():
             self.log(f"memory_{key}", count)
         for name, memory in self.memories.items():
@@ -774,7 +809,8 @@ def _from_config(args) -> HiMA | None:
                    if f.name != "hima_hierarchy" and getattr(args, f.name, f.default) != f.default]  # fmt: skip
         if changed:
             raise ValueError(f"{changed[0]} is set, but hima_hierarchy is not; set hima_hierarchy (a file, or 'toy'; "
-                             f"or HiMATrainer(hierarchy=...)), or leave {changed[0]} unset.")  # fmt: skip
+                             f"or HiMATrainer(hierarchy=...)), or leave {changed[0]} unset (it is "
+                             f"{getattr(args, changed[0])!r}).")  # fmt: skip
         return None
     return HiMA(args.hima_hierarchy, args.hima_alternatives, args.hima_top_k, args.hima_memory_capacity,
                 args.hima_memory_retrieve, args.hima_agent_adapters)  # fmt: skip

@@ -430,7 +430,8 @@ class RewardHackingMonitor(Extension, TrainerCallback):
         unknown = [s for s in stop_on if s != "any" and s not in DETECTORS]
         if unknown:
             raise ValueError(
-                f"monitor stop_on {unknown} names no detector; use 'any' or some of: {', '.join(DETECTORS)}."
+                f"monitor stop_on={stop_on!r} (monitor_stop in a config) names no detector {unknown}; use 'any' or "
+                f"some of: {', '.join(DETECTORS)}."
             )
         self.correctness_name, self.format_names, self.heldout_name = correctness, format, heldout
         self.stop_on, self.report = stop_on, report
@@ -753,7 +754,8 @@ class MonitorConfig:
         super().__post_init__()
         given = [f.name for f in fields(MonitorConfig) if f.name != "monitor" and getattr(self, f.name) is not None]
         if given and not self.monitor:
-            raise ValueError(f"{given[0]} is set, but monitor=False; set monitor=True, or leave {given[0]} unset.")
+            raise ValueError(f"{given[0]} is set, but monitor=False; set monitor=True, or leave {given[0]} unset (it "
+                             f"is {getattr(self, given[0])!r}).")  # fmt: skip
         if self.monitor:
             _from_config(self)  # the thresholds and stop names, checked now
 

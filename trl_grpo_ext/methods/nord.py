@@ -36,6 +36,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather, gather_object
 from transformers import TrainerCallback
 
 from ..extension import Extension, Method, TrainerInputs, register_method
@@ -296,25 +297,23 @@ class DifficultyBiasDiagnostic(Extension, TrainerCallback):
         if batch.mode != "train":
             return
         g = batch.num_generations
-        rewards = torch.nan_to_num(batch.rewards.float().cpu(), nan=0.0)
-        local = torch.arange(rewards.numel())[batch.process_slice][: batch.num_scored]
-        first, last = int(local[0]) // g, int(local[-1]) // g + 1  # this process's groups (whole ones)
-        if int(local[0]) % g or (int(local[-1]) + 1) % g:
-            return  # a group split across processes: its rows are counted where the group starts
-        rows = slice(first * g, last * g)
-        group_rewards = rewards[rows]
-        adv = batch.current_advantages[: batch.num_scored].float().cpu()
+        # Every group of the batch, on every process (groups may be split between processes): each process logs and
+        # keeps the same numbers, those of one process holding the whole batch.
+        group_rewards = torch.nan_to_num(batch.rewards.float().cpu(), nan=0.0)  # (N,)
+        adv = batch.current_advantages[: batch.num_scored].float()
         if adv.dim() == 2:
-            mask = batch.loss_mask[: batch.num_scored].float().cpu()
+            mask = batch.loss_mask[: batch.num_scored].float()
             adv = (adv * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        adv = gather(adv).cpu()  # (N,)
         advantages = {"loss": adv, "scaled": group_advantages(group_rewards, g, "group"),
                       "unscaled": group_advantages(group_rewards, g, "none")}  # fmt: skip
         means = group_rewards.view(-1, g).mean(dim=1).tolist()
         if self.by == "reward":
             labels, names = bucket_by_reward(means, self.edges), bucket_names(self.edges)
         else:
-            values = batch.columns.get(self.by) or []
-            labels = [str(values[i * g]) if i * g < len(values) else "?" for i in range(last - first)]
+            values = batch.columns.get(self.by)
+            values = None if values is None else gather_object(list(values[: batch.num_scored]))  # (N,)
+            labels = ["?"] * len(means) if values is None else [str(v) for v in values[::g]]
             names = sorted(set(labels))
         stats = difficulty_stats(group_rewards, g, labels, names, advantages)
         for bucket in names:
@@ -408,7 +407,7 @@ class NoRDConfigSection:
                  if f.name != "difficulty_diagnostic" and getattr(self, f.name) is not None]  # fmt: skip
         if given and not self.difficulty_diagnostic:
             raise ValueError(f"{given[0]} is set, but difficulty_diagnostic=False; set difficulty_diagnostic=True, "
-                             f"or leave {given[0]} unset.")  # fmt: skip
+                             f"or leave {given[0]} unset (it is {getattr(self, given[0])!r}).")  # fmt: skip
         if self.difficulty_diagnostic:
             _from_config(self)  # the edges, checked now
 

@@ -12,6 +12,8 @@ import logging
 import math
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import TrainerCallback
 
 from ..extension import Extension, Method, TrainerInputs, register_method
@@ -32,7 +34,8 @@ class ProRLResetCallback(Extension, TrainerCallback):
 
     What a reset does: full fine-tuning overwrites the reference model with the policy's weights; LoRA (4-bit bases
     included) makes the adapter "ref", which TRL uses as the reference when present, a frozen copy of the trained
-    adapter; an optimizer reset clears Adam's moments and step counts.
+    adapter (the adapter is made when the trainer is built, a copy of the initial one); an optimizer reset clears
+    Adam's moments and step counts. Under FSDP2 and DeepSpeed ZeRO-3 the same happens shard by shard.
 
     Logs `prorl/resets` (resets applied so far) and `prorl/steps_since_reset`. After training, `history` lists the
     applied resets (`trainer.extension("prorl").history`).
@@ -132,62 +135,132 @@ class ProRLResetCallback(Extension, TrainerCallback):
         self.history.append(record)
         logger.info(f"reset at step {record['step']}: {record}")
 
-    def reset_reference(self) -> None:
-        """Make the reference policy a frozen copy of the current policy, now."""
-        from peft import PeftModel
-
-        trainer = self.trainer
-        if trainer.is_fsdp_enabled or (
-            trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
-        ):
-            raise NotImplementedError("reference resets with sharded parameters (FSDP, ZeRO-3) are not supported yet.")
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        if self.reset == "optimizer":
+            return
+        plugin = trainer.accelerator.state.fsdp_plugin if trainer.is_fsdp_enabled else None
+        if plugin is not None and plugin.fsdp_version != 2:
+            raise ValueError(
+                f"ProRLResetCallback(reset={self.reset!r}) copies the policy into the reference, which it does on "
+                f"FSDP2's sharded parameters, but the accelerate config has fsdp_version: {plugin.fsdp_version}; set "
+                "fsdp_version: 2 (examples/accelerate/fsdp2.yaml), or reset='optimizer'."
+            )
         model = trainer.accelerator.unwrap_model(trainer.model)
-        if isinstance(model, PeftModel):
-            active = model.active_adapter
-            if "ref" not in model.peft_config:
-                model.add_adapter("ref", model.peft_config[active])
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    if f".{active}." in name:
-                        model.get_parameter(name.replace(f".{active}.", ".ref.")).copy_(param)
+        if _is_peft(model) and "ref" not in model.peft_config:
+            self._add_reference_adapter(model)
+
+    def _add_reference_adapter(self, model) -> None:
+        # A sharded model cannot take new parameters, so the "ref" adapter is made here, before the trainer prepares
+        # the model, as TRL's GRPOTrainer.__init__ makes it for a PeftModel it is given: `model.add_adapter("ref",
+        # default_config)`, then `ref_param.data.copy_(param.data)` for each ".default." parameter.
+        active = model.active_adapter
+        if any(_is_sharded(p) for n, p in model.named_parameters() if f".{active}." in n):
+            raise RuntimeError(
+                "ProRLResetCallback needs a frozen 'ref' adapter, which cannot be added to a model that is already "
+                "sharded (FSDP, ZeRO-3): pass the callback when the trainer is built (callbacks=[...])."
+            )
+        # Its initial weights are overwritten at once: drawing them must not shift the global RNG, which sampling and
+        # shuffling use (PEFT makes the new layers on the CPU, then moves them to the base layer's device).
+        with torch.random.fork_rng(devices=[]):
+            model.add_adapter("ref", model.peft_config[active])
+        _copy_parameters([(source, target) for _, source, target in self._reference_pairs()], zero3=False)
+        for _, _, target in self._reference_pairs():
+            target.requires_grad_(False)
+
+    def _reference_pairs(self) -> list[tuple[str, torch.nn.Parameter, torch.nn.Parameter]]:
+        """(reference name, policy parameter, reference parameter): the active adapter's and the "ref" adapter's
+        under LoRA, else the policy's and the reference model's, in order (the reference model is built from the
+        policy's path or config, so the two name the same parameters)."""
+        trainer = self.trainer
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if _is_peft(model):
+            # TRL's reference under LoRA: `use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else
+            # None)` (GRPOTrainer._generate_and_score_completions).
+            active, pairs = model.active_adapter, []
             for name, param in model.named_parameters():
-                if ".ref." in name:
-                    param.requires_grad_(False)
-        elif trainer.ref_model is not None:
-            trainer.accelerator.unwrap_model(trainer.ref_model).load_state_dict(model.state_dict())
-        else:
+                if f".{active}." in name:
+                    ref_name = name.replace(f".{active}.", ".ref.")
+                    pairs.append((ref_name, param, model.get_parameter(ref_name)))
+            return pairs
+        if trainer.ref_model is None:
             raise ValueError("this trainer has no reference policy to reset (beta=0.0?).")
+        ref = trainer.accelerator.unwrap_model(trainer.ref_model)
+        policy, reference = list(model.named_parameters()), list(ref.named_parameters())
+        if [n for n, _ in policy] != [n for n, _ in reference]:
+            raise RuntimeError(
+                f"the reference model's parameters ({len(reference)}) are not the policy's ({len(policy)}), name for "
+                "name: ProRL copies the policy into TRL's reference, which TRL builds from the policy's path."
+            )
+        return [(name, source, target) for (name, source), (_, target) in zip(policy, reference, strict=True)]
+
+    def _resharded(self) -> None:
+        # With `reshard_after_forward: false`, FSDP2 keeps a module's parameters gathered after a forward that no
+        # backward follows (TRL's reference computing its log-probs), registered as plain tensors in place of the
+        # DTensor shards; a copy into them fails ("aten.copy_.default got mixed torch.Tensor and DTensor") and would
+        # not reach the shards. `FSDPModule.reshard()` (not recursive) puts the shards back first.
+        for module in (self.trainer.model, self.trainer.ref_model):
+            for sub in module.modules() if module is not None else ():
+                if isinstance(sub, FSDPModule):
+                    sub.reshard()
+
+    def reset_reference(self) -> None:
+        """Make the reference policy a frozen copy of the current policy, now.
+
+        Works on whole parameters, FSDP2 shards (each process copies its own shard: TRL's `prepare_fsdp` shards the
+        reference like the policy) and ZeRO-3 partitions (gathered one pair at a time).
+        """
+        self._resharded()
+        pairs = [(source, target) for _, source, target in self._reference_pairs()]
+        _copy_parameters(pairs, zero3=_is_zero3(self.trainer))
 
     def reset_optimizer_state(self) -> None:
-        """Clear the optimizer's state (Adam moments and step counts); it is rebuilt at the next optimizer step."""
-        optimizer = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer)  # accelerate wraps it
-        if optimizer is not None:
-            optimizer.state.clear()
+        """Clear the optimizer's state (Adam moments and step counts); it is rebuilt at the next optimizer step.
+
+        The state lives in the innermost optimizer: accelerate wraps the trainer's (`AcceleratedOptimizer.optimizer`,
+        `DeepSpeedOptimizerWrapper.optimizer`), and DeepSpeed's ZeRO optimizers wrap the torch one that steps their
+        fp32 partitions (`.optimizer`; their `state` property is that optimizer's).
+        """
+        optimizer = self.trainer.optimizer
+        while hasattr(optimizer, "optimizer"):
+            if getattr(optimizer, "swap_optimizer", False):
+                raise NotImplementedError(
+                    "optimizer resets with ZeRO-3's NVMe optimizer offload (offload_optimizer.device: nvme) are not "
+                    "supported: the state lives in swap files; offload to 'cpu' or reset='reference'."
+                )
+            optimizer = optimizer.optimizer
+        if optimizer is None:
+            return
+        optimizer.state.clear()
+        for group in optimizer.param_groups:
+            # DeepSpeed's FusedAdam counts steps per group and starts a new state from it ("state['step'] =
+            # group.get('step', 0)"): without this its bias correction would not restart.
+            group.pop("step", None)
 
     def reference_tensors(self) -> dict[str, torch.Tensor]:
-        """The reference policy's weights (the "ref" adapter under LoRA), on the CPU."""
-        from peft import PeftModel
+        """The reference policy's weights (the "ref" adapter under LoRA), whole, on the CPU of the main process.
 
-        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        if isinstance(model, PeftModel):
-            return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if ".ref." in n}
-        ref = self.trainer.accelerator.unwrap_model(self.trainer.ref_model)
-        return {k: v.detach().cpu().clone() for k, v in ref.state_dict().items()}
+        Under FSDP and ZeRO-3 every process must call it (each weight is gathered in turn); the others get {}.
+        """
+        self._resharded()
+        zero3, keep = _is_zero3(self.trainer), self.trainer.accelerator.is_main_process
+        tensors = {name: _full_cpu(target, zero3, keep) for name, _, target in self._reference_pairs()}
+        return tensors if keep else {}
 
     def load_reference_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        from peft import PeftModel
-
-        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        if isinstance(model, PeftModel):
-            if "ref" not in model.peft_config:
-                model.add_adapter("ref", model.peft_config[model.active_adapter])
-            with torch.no_grad():
-                for name, value in tensors.items():
-                    param = model.get_parameter(name)
-                    param.copy_(value.to(param.device))
-                    param.requires_grad_(False)
-        else:
-            self.trainer.accelerator.unwrap_model(self.trainer.ref_model).load_state_dict(tensors)
+        """Load `reference_tensors()`'s result (read by every process) into the reference, shard by shard."""
+        self._resharded()
+        targets = {name: target for name, _, target in self._reference_pairs()}
+        if tensors.keys() != targets.keys():
+            raise ValueError(
+                f"the checkpoint's ProRL reference has {len(tensors)} weights, this trainer's reference "
+                f"{len(targets)}; missing: {sorted(targets.keys() - tensors.keys())[:3]}, unexpected: "
+                f"{sorted(tensors.keys() - targets.keys())[:3]}. Resume with the model and LoRA settings it was "
+                "saved with."
+            )
+        zero3 = _is_zero3(self.trainer)
+        for name, target in targets.items():
+            _load_full(target, tensors[name], zero3)
 
     # ---- triggers
     def _request(self, reason: str) -> None:
@@ -233,6 +306,76 @@ class ProRLResetCallback(Extension, TrainerCallback):
         self.best, self.bad_evaluations = state["best"], state["bad_evaluations"]
         if "reference" in state:
             self.load_reference_tensors(state["reference"])
+
+
+def _is_peft(model) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def _is_zero3(trainer) -> bool:
+    # TRL's `prepare_deepspeed` keeps stage 3 for the reference ("If ZeRO-3 is used, we shard both the active and
+    # reference model"); at stages 0-2 both hold whole parameters.
+    return trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
+
+
+def _is_sharded(param: torch.Tensor) -> bool:
+    return isinstance(param, DTensor) or hasattr(param, "ds_id")
+
+
+@torch.no_grad()
+def _copy_parameters(pairs: list[tuple[torch.Tensor, torch.Tensor]], zero3: bool) -> None:
+    """Copy each (source, target) parameter pair in place: whole tensors, FSDP2 DTensors, or ZeRO-3 partitions."""
+    if not zero3:
+        # Whole tensors, or FSDP2 DTensors sharded alike: TRL's `prepare_fsdp` shards the reference with the policy's
+        # plugin settings and mesh (`fully_shard(model, **fsdp2_kwargs)`, `"mesh": mesh[...] if mesh is not None else
+        # None`), and FSDP2 shards every parameter on dim 0 whatever module it is wrapped with, so DTensor's copy_
+        # copies each process's own shard.
+        for source, target in pairs:
+            target.copy_(source)
+        return
+    import deepspeed
+
+    # TRL's SyncRefModelCallback.sync_target_model gathers both whole models at once ("with
+    # deepspeed.zero.GatheredParameters(list(model.parameters()) + list(target_model.parameters()), modifier_rank=0):
+    # if deepspeed.comm.get_rank() == 0: ..."), twice the model on every device; one pair at a time gathers two
+    # parameters. On leaving, rank 0's values are partitioned back to every process.
+    for source, target in pairs:
+        with deepspeed.zero.GatheredParameters([source, target], modifier_rank=0):
+            if deepspeed.comm.get_rank() == 0:
+                target.copy_(source)
+
+
+@torch.no_grad()
+def _full_cpu(param: torch.Tensor, zero3: bool, keep: bool) -> torch.Tensor | None:
+    """The whole parameter, copied to the CPU where `keep`; every process must call it for a sharded parameter."""
+    if zero3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param]):
+            return param.detach().to("cpu", copy=True) if keep else None
+    if isinstance(param, DTensor):
+        full = param.full_tensor()  # an all-gather: a collective
+        return full.to("cpu", copy=True) if keep else None
+    return param.detach().to("cpu", copy=True) if keep else None
+
+
+@torch.no_grad()
+def _load_full(param: torch.Tensor, value: torch.Tensor, zero3: bool) -> None:
+    """Copy a whole `value`, which every process holds, into `param`, whole or sharded."""
+    if zero3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+            if deepspeed.comm.get_rank() == 0:
+                param.copy_(value)
+    elif isinstance(param, DTensor):
+        # src_data_rank=None: each process cuts its own shard out of its copy, no communication.
+        value = value.to(device=param.device, dtype=param.dtype)
+        param.copy_(distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None))
+    else:
+        param.copy_(value)
 
 
 class StopPenalty:

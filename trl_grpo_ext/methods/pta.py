@@ -15,6 +15,7 @@ import torch
 
 from ..advantages import plan_values, tree_token_advantages, trl_group
 from ..extension import Extension, Method, TrainerInputs, register_method
+from ..rewards.guard import check_reward_name
 from ..rollout import Rollout, RolloutPlan
 
 
@@ -65,10 +66,12 @@ class PTAConfig:
         m, z = self.num_plans, self.continuations_per_plan
         if m is None and z is None:
             return
-        for name, value in (("num_plans", m), ("continuations_per_plan", z)):
+        for (name, value), (other, given) in ((("num_plans", m), ("continuations_per_plan", z)),
+                                              (("continuations_per_plan", z), ("num_plans", m))):  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(
-                    f"{name}={value!r} must be a whole number >= 1 (the paper uses 3); set both or neither."
+                    f"{name}={value!r} must be a whole number >= 1 (the paper uses 3), with {other}={given!r}; set "
+                    "both or neither."
                 )
         if m * z != self.num_generations:
             raise ValueError(
@@ -82,6 +85,7 @@ class PTAConfig:
             )
         if not self.plan_tag or not self.plan_tag.replace("_", "").isalnum():
             raise ValueError(f"plan_tag={self.plan_tag!r} must be a bare tag name such as 'plan'.")
+        check_reward_name("pta_outcome_reward", self.pta_outcome_reward)
         self.require_whole_groups("PTA-GRPO (a prompt's plans are shared within a process)")
 
 

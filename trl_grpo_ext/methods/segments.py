@@ -53,6 +53,7 @@ import torch
 from ..advantages import segment_reward_advantages, tree_token_advantages
 from ..extension import Extension, Method, TrainerInputs, register_method
 from ..rewards import get_reward, register_reward
+from ..rewards.guard import check_reward_name
 
 SEGMENT_BY_CHOICES = ("tool_calls", "tags", "paragraphs", "regex:<pattern>")
 _TAG_NAME = re.compile(r"^[A-Za-z_][\w-]*$")
@@ -506,6 +507,8 @@ class SegmentsConfig:
             parse_segment_by(self.segment_by)
         if self.segment_advantage not in SEGMENT_ADVANTAGES:
             raise ValueError(f"segment_advantage={self.segment_advantage!r} is not one of {SEGMENT_ADVANTAGES}.")
+        for index, name in enumerate(self.segment_reward_funcs):
+            check_reward_name(f"segment_reward_funcs[{index}]", name)
         if self.segment_advantage == "reward":
             if not self.segment_reward_funcs:
                 raise ValueError(

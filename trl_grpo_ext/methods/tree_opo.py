@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -96,6 +97,11 @@ class TreeOPOConfigSection:
             return
         if not isinstance(self.prefix_trees, str) or not self.prefix_trees:
             raise ValueError(f"prefix_trees={self.prefix_trees!r} must be the path of a trees file (JSONL).")
+        if not os.path.isfile(self.prefix_trees):
+            raise ValueError(
+                f"prefix_trees={self.prefix_trees!r}: no such file; grow the trees first (`trl-grpo-ext trees`, or "
+                "trl_grpo_ext.data.build_prefix_trees), or give the path of an existing trees file (JSONL)."
+            )
         per = self.treeopo_completions_per_prefix
         if isinstance(per, bool) or not isinstance(per, int) or per < 1 or self.num_generations % per:
             raise ValueError(
@@ -220,9 +226,11 @@ class TreeOPO(Extension):
                 self._prefix_ids[(tree.question_id, node.id)] = ids
 
     def _rng(self, qid: str, group: int) -> random.Random:
+        # `group` counts the batch's groups over all processes: a group draws the prefixes it would draw with the
+        # whole batch on one process, whichever process holds it.
         step = self.trainer.state.global_step
         calls = self._calls[1] if self._calls[0] == step else 0
-        key = f"{self.seed}/{step}/{calls}/{self.trainer.accelerator.process_index}/{group}/{qid}"
+        key = f"{self.seed}/{step}/{calls}/{group}/{qid}"
         return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
 
     def prepare(self, plan: RolloutPlan) -> None:
@@ -231,11 +239,12 @@ class TreeOPO(Extension):
         g = plan.num_generations
         k = g // self.per_prefix
         nodes, context = [], []
+        first = self.trainer.accelerator.process_index * (len(plan.rows) // g)  # every process holds as many groups
         for start in range(0, len(plan.rows), g):
             qid = str(plan.rows[start][self.column])
             if qid not in self.trees:
                 raise KeyError(f"{self.column}={qid!r} has no tree in {self.path}.")
-            chosen = sample_prefixes(self.trees[qid], k, self.mix, self._rng(qid, start // g))
+            chosen = sample_prefixes(self.trees[qid], k, self.mix, self._rng(qid, first + start // g))
             for offset in range(g):
                 node = chosen[offset // self.per_prefix]
                 nodes.append((qid, node))
