@@ -137,3 +137,36 @@ def test_prefix_fields_are_validated(tmp_path):
         make_config(tmp_path, context_prefix_column="x", completion_prefix_column="x")
     with pytest.raises(ValueError, match="context_prefix_column=''"):
         make_config(tmp_path, context_prefix_column="")
+
+
+class _TwoProcesses:
+    """The trainer's accelerator as one of two processes sees it."""
+
+    def __init__(self, accelerator):
+        self._accelerator, self.num_processes = accelerator, 2
+
+    def __getattr__(self, name):
+        return getattr(self._accelerator, name)
+
+
+def test_finished_rows_still_call_a_collective_backend(tiny_model_path, tokenizer, tmp_path, backend, monkeypatch):
+    """Sharded parameters (ZeRO-3, FSDP) make generation collective: TRL gathers the shards of every process. A
+    process whose rows are all finished (PTA plans that ended with EOS) still calls, so the others do not wait."""
+    from trl_grpo_ext import RolloutPlan
+
+    dataset = tiny_dataset(1)
+    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, dataset)
+    rows = _rows(dataset, 4)
+    prefix = _ids(tokenizer, "done")
+
+    def rollout():
+        plan = RolloutPlan(rows=rows, mode="train", num_generations=4)
+        plan.add_prefix([prefix] * 4)
+        return trainer.generate_rollouts([r["prompt"] for r in rows], plan, finished=[True] * 4)
+
+    assert rollout().completion_ids == [prefix] * 4 and backend.calls == []  # one process: nothing to generate
+    monkeypatch.setattr(trainer, "accelerator", _TwoProcesses(trainer.accelerator))
+    monkeypatch.setattr(trainer, "is_fsdp_enabled", True)
+    assert rollout().completion_ids == [prefix] * 4  # generated, and dropped
+    ((prompts, _block),) = backend.calls
+    assert len(prompts) == 4 and all(p[-len(prefix) :] == prefix for p in prompts)

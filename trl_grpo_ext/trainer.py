@@ -926,10 +926,14 @@ class GRPOExtTrainer(GRPOTrainer):
         # vLLM server mode (and colocate mode with tensor parallelism) gathers every process's prompts into one call
         # and gives each its share back: `VLLMGeneration.generate` runs `all_prompts = gather_object(prompts)`, then
         # `process_slice = slice(accelerator.process_index * len(prompts), (accelerator.process_index + 1) *
-        # len(prompts))`. With several processes each one must send all of its rows, and call even when none of them
-        # needs generating (a collective): finished rows are then generated, and their output dropped.
-        gathered = self.use_vllm and self.accelerator.num_processes > 1
-        gathered = gathered and (self.vllm_mode == "server" or self.vllm_tensor_parallel_size > 1)
+        # len(prompts))`. With sharded parameters (ZeRO-3, FSDP) transformers generation is collective too: TRL
+        # generates inside `unwrap_model_for_generation(self.model_wrapped, self.accelerator, gather_deepspeed3_params=
+        # ...)`, which gathers the shards from every process. With several processes each one must then send all of
+        # its rows, and call even when none of them needs generating: finished rows are generated, their output dropped.
+        gathered = self.accelerator.num_processes > 1 and (
+            (self.use_vllm and (self.vllm_mode == "server" or self.vllm_tensor_parallel_size > 1))
+            or (not self.use_vllm and self._sharded_parameters)
+        )
         active = list(range(len(prompt_ids))) if gathered else wanted
         generated, sampled = {}, ({} if self.use_vllm else None)
         if active:
@@ -938,7 +942,7 @@ class GRPOExtTrainer(GRPOTrainer):
             started = [_as_list(prompt_ids[i]) + prefixes[i] for i in active]
             # The rows of a block share their prefix and finished flag (`_block_size`): active rows are whole blocks.
             cap = max((budgets[i] for i in wanted), default=1)
-            if gathered:  # the main process's `max_tokens` is the one request's, for every process's rows
+            if gathered:  # vLLM: the main process's `max_tokens` is the one request's, for every process's rows
                 cap = max(gather_object([cap]))
             with self._backend_cap(cap), self._stop_strings(stage.stop):
                 ids, logprobs = _trl_compat.generate_single_turn(
@@ -959,6 +963,12 @@ class GRPOExtTrainer(GRPOTrainer):
         # A given prefix was not sampled by the backend: no sampling log-prob (TRL maps None to NaN, ratio 1).
         known = stage.prefix_logprobs or [[None] * len(prefix) for prefix in prefixes]
         return completion_ids, [list(known[i]) + sampled.get(i, []) for i in range(len(prefixes))]
+
+    @property
+    def _sharded_parameters(self) -> bool:
+        """Whether the policy's parameters are sharded over the processes (DeepSpeed ZeRO-3, FSDP)."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return bool(self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin and plugin.zero_stage == 3))
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Seam: GRPOTrainer._calculate_rewards(inputs, prompts, completions, completion_ids_list) returns
