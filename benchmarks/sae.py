@@ -62,12 +62,14 @@ def main():
     parser.add_argument("--max-pairs", type=int, default=MAX_PAIRS)
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--png", help="also plot milliseconds per group against N into this PNG file (log-log)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(SEED)
 
     print("| N | pairs | TRL group norm (ms) | staged (ms) | SAE soft (ms) | SAE hard (ms) | hard / TRL | satisfied |")
     print("|---|---|---|---|---|---|---|---|")
+    curve = []
     for n in args.sizes:
         rewards, values, pairs = group(n, min(4 * n, args.max_pairs), generator)
         ids = torch.zeros(n, dtype=torch.long)
@@ -79,6 +81,27 @@ def main():
         satisfied = constraint_satisfaction(sae_project(r0, pairs, delta=DELTA, mode="hard"), pairs, DELTA)
         print(f"| {n} | {len(pairs)} | {trl * 1e3:.3f} | {staged * 1e3:.3f} | {soft * 1e3:.2f} | {hard * 1e3:.2f} | "
               f"{hard / trl:.0f}x | {satisfied:.2f} |")  # fmt: skip
+        curve.append((n, trl, staged, soft, hard))
+    if args.png:
+        plot(curve, args.png)
+
+
+def plot(curve: list[tuple], path: str) -> None:
+    """Milliseconds per group against the group size N, log-log: a slope of 1 is linear growth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes, *series = zip(*curve, strict=True)
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for times, label in zip(series, ["TRL group norm", "staged", "SAE soft", "SAE hard"], strict=True):
+        ax.plot(sizes, [t * 1e3 for t in times], "o-", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="rows in the group (N; pairs 4N, at most 1000)", ylabel="ms per group")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ def main():
     parser.add_argument("--sizes", type=float, nargs="+", default=SIZES, help="B·T values, e.g. 1e4 1e5 1e6")
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--threads", type=int, default=THREADS, help="torch threads; 0 keeps torch's default")
+    parser.add_argument("--png", help="also plot µs per 1k tokens against B·T into this PNG file")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -78,7 +79,7 @@ def main():
     print(
         f"{'B·T':>9} {'T':>6} {'nodes':>8} | {'µs/1k tok: owners':>18} {'tree':>8} | {'ratio: owners':>14} {'tree':>6}"
     )
-    previous = None
+    previous, curve = None, []
     for size in args.sizes:
         length = max(1, round(size / args.rows))
         tokens = args.rows * length
@@ -98,6 +99,32 @@ def main():
             line += f" {ratios[0]:>14.1f} {ratios[1]:>6.1f}"
         print(line)
         previous = seconds
+        curve.append((tokens, *per_1k))
+    if args.png:
+        plot(
+            curve, args.png, f"B={args.rows}, G={args.num_generations}, {threads} thread(s), torch {torch.__version__}"
+        )
+
+
+def plot(curve: list[tuple], path: str, title: str) -> None:
+    """µs per 1k tokens against B·T (log x): a flat line is linear growth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens, owners, tree = zip(*curve, strict=True)
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.plot(tokens, owners, "o-", label="token_owners")
+    ax.plot(tokens, tree, "s-", label="tree_token_advantages")
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set(xlabel="tokens per step (B·T)", ylabel="µs per 1k tokens", title=title)
+    ax.title.set_fontsize(9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":
