@@ -156,12 +156,14 @@ def test_trl_names_trls_own_trainer_the_baseline(tmp_path, tiny_cache_dir, capsy
 
     from trl_grpo_ext import GRPOExtTrainer
 
-    built = []
-    monkeypatch.setattr(GRPOTrainer, "train", lambda self, **kwargs: built.append(type(self)))
-    argv = ["train", "--tiny", "--trainer", "trl", "--max_steps", "1", "--output_dir", str(tmp_path / "run"),
-            "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
+    built, train = [], GRPOTrainer.train
+    monkeypatch.setattr(GRPOTrainer, "train", lambda self, **kwargs: built.append(type(self)) or train(self, **kwargs))
+    # the built-in task on the tiny model: its held-out evaluation runs on TRL's trainer too
+    argv = ["train", "--model_name_or_path", "tiny", "--trainer", "trl", "--max_steps", "1", "--output_dir",
+            str(tmp_path / "run"), "--cache_dir", str(tiny_cache_dir)]  # fmt: skip
     assert main(argv) == 0
     assert built == [GRPOTrainer] and not issubclass(built[0], GRPOExtTrainer)
+    assert "held-out accuracy (greedy, 60 problems)" in capsys.readouterr().out
     assert main([*argv, "--dynamic_sampling", "true"]) == 2  # our fields are not TRL's
     assert "--dynamic_sampling" in capsys.readouterr().err
 

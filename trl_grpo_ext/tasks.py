@@ -155,7 +155,8 @@ class HeldoutAccuracy(TrainerCallback):
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         value = self.evaluate(model, self.trainer.processing_class)
         self.history.append((step, value))
-        self.trainer.log_metric(self.key, value)
+        if hasattr(self.trainer, "log_metric"):  # ours: joins TRL's metrics (reporters); TRL's own trainer: history
+            self.trainer.log_metric(self.key, value)
         return value
 
     def on_train_begin(self, args, state, control, **kwargs):
