@@ -55,7 +55,8 @@ def build(out: Path) -> Path:
                          rope_theta=1e6, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    # a CPU builds it too (GPU_CHECK_LAYERS=1: a smoke run of the build and of overhead.py on it, without vLLM)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     folder = out / "qwen2.5-7b-shaped"
     model.save_pretrained(folder)

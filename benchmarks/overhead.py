@@ -4,8 +4,10 @@ Each arm is one `trl-grpo-ext train` run (`trl_grpo_ext.cli.train`: the same cod
 process of its own, so that its peak memory is its own: `ru_maxrss` on a CPU, `torch.cuda.max_memory_allocated` on
 a GPU. Every arm gets the same base settings (8 rows a step in groups of 4, at most 32 completion tokens, lr, seed,
 beta 0, no checkpoints) on the same model and task; the baseline arm `trl` is TRL's `GRPOTrainer` with `GRPOConfig`
-(`--trainer trl`). The arms alternate over `--rounds` rounds (in order, then reversed), the first step of every run
-is dropped, and a step's time is TRL's logged `step_time` (generation, rewards, advantages, forward and backward).
+(`--trainer trl`; `trl_tools` with the built-in calculator for the segment trainers, which run TRL's tool loop;
+`trl_driving` on the driving task for NoRD). The arms alternate over `--rounds` rounds (in order, then reversed),
+the first step of every run is dropped, and a step's time is TRL's logged `step_time` (generation, rewards,
+advantages, forward and backward).
 
 For each arm the script prints: the median step time and its ratio to the baseline's from the same run; rows in the
 loss per step; the completion tokens it generated per step (PTA counts each plan once, ARPO's branches not the prefix
@@ -17,7 +19,7 @@ each against the baseline of the same variant.
 Run:
     python benchmarks/overhead.py                                   # tiny model: trl vs grpo_ext, 5 rounds x 10 steps
     python benchmarks/overhead.py --arms all --rounds 1 --steps 4   # tiny model, every named trainer, quick
-    python benchmarks/overhead.py --model real --arms all --rounds 2 --steps 6 --out-json docs/results/overhead.json
+    python benchmarks/overhead.py --model real --arms all --rounds 2 --steps 6 --out-json docs/results/overhead/real_all.json
     python benchmarks/overhead.py --model real --arms trl grpo_ext pta --variants full lora 4bit
     python benchmarks/overhead.py --strict                          # exit 1 when grpo_ext costs more than --target
 """
@@ -62,8 +64,10 @@ ARMS = {
     ),
     "prorl": ("--trainer prorl --beta 1e-4", "trl"),
     "pta": ("--trainer pta --num_plans 2 --continuations_per_plan 2 --plan_max_tokens 16", "trl"),
-    "segment": ("--trainer segment", "trl"),
-    "arpo": ("--trainer segment --arpo true", "trl"),
+    # segments by tool calls run TRL's tool loop (the built-in calculator): their baseline is TRL with the same tool
+    "trl_tools": ("--trainer trl --tools trl_grpo_ext.tools.calculator", "trl_tools"),
+    "segment": ("--trainer segment", "trl_tools"),
+    "arpo": ("--trainer segment --arpo true", "trl_tools"),
     "tree_opo": ("--trainer tree_opo", "trl"),
     "hima": ("--trainer hima --hima_alternatives 2", "trl"),
     "hima_adapters": ("--trainer hima --hima_alternatives 2 --hima_agent_adapters true", "trl"),

@@ -1,6 +1,8 @@
 """The benchmark scripts' own checks that run without a GPU."""
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -17,3 +19,26 @@ def test_gpu_check_fails_loudly_on_a_machine_without_what_it_needs(tmp_path):
     assert "gpu_check: no CUDA device" in done.stderr
     assert "gpu_check: vllm (generation (colocate mode)) does not import" in done.stderr
     assert not (tmp_path / "out" / "throughput.json").exists()  # it stopped before measuring anything
+
+
+def test_overhead_measures_each_arm_against_its_baseline(tmp_path):
+    """`overhead.py` on the tiny model: a baseline arm runs for every arm named, the table has a row each, PTA's shared
+    plans are counted against independent sampling, the default path gets its verdict."""
+    out_json, out_md = tmp_path / "o.json", tmp_path / "o.md"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--arms", "grpo_ext", "pta",
+                           "segment", "--rounds", "1", "--steps", "2", "--out-json", str(out_json), "--out-md",
+                           str(out_md)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(out_json.read_text())["runs"]["full"]
+    assert list(runs) == ["trl", "trl_tools", "grpo_ext", "pta", "segment"]  # baselines first
+    for arm, run in runs.items():
+        assert len(run["step_times"]) == 1 and run["step_times"][0] > 0, arm  # 2 steps, the first dropped
+        assert run["peak_mib"][0] > 100, arm
+    # PTA generates each plan once: fewer tokens than its rows hold, fewer than sampling each row's plan alone
+    pta = runs["pta"]
+    assert pta["generated_tokens"][0] < pta["independent_tokens"][0]
+    assert pta["generated_tokens"][0] < pta["trained_tokens"][0]
+    table = out_md.read_text()
+    assert "| `segment` | full |" in table and "| `trl_tools` | full |" in table
+    assert "PTA (full): " in done.stdout and "independently" in done.stdout
+    assert "default path grpo_ext / trl: " in done.stdout

@@ -179,7 +179,7 @@ def test_detect_is_pure_and_waits_for_a_start_and_a_window():
 
 # ---- the stored real-model runs of benchmarks/learning.py (docs/results/*.json: every logged step) on the addition
 # task; NoRD's (nord.json) are on the driving task, whose correctness is not `last_integer` and where no arm learned.
-# Cost benchmarks (hima_cost.json: step times, no held-out curve) share the folder and are not learning runs.
+# Cost benchmarks (overhead.json: step times, no held-out curve) share the folder and are not learning runs.
 def stored_runs():
     for path in sorted(p for p in RESULTS.glob("*.json") if p.stem != "nord"):
         runs = json.loads(path.read_text())["runs"]

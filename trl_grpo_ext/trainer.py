@@ -1625,8 +1625,9 @@ def _as_list(ids) -> list[int]:
 
 def _disable_bnb_cpu_weight_repacking(model) -> None:
     # bitsandbytes' Linear4bit repacks its weight for AVX512-BF16 CPUs on the first eval-mode forward without grad
-    # (generation, `trainer.evaluate()`); the repacked weight then breaks every later training forward. Keeping the
-    # portable layout costs some CPU speed and nothing on GPUs.
+    # (generation, `trainer.evaluate()`); the repacked weight's matmul has no backward, so every later training forward
+    # passes no gradient to the layers below (with a bias it raises; bitsandbytes 0.50). Keeping the portable layout
+    # costs CPU speed (docs/benchmarks.md, the 4-bit rows) and nothing on GPUs.
     if model is None:
         return
     try:
