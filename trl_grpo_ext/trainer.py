@@ -328,11 +328,9 @@ class GRPOExtTrainer(GRPOTrainer):
     def _checkpoint_after_reward_error(self, error: RewardFunctionError, trial) -> None:
         # A reward function runs while a batch is generated and scored, before its loss: the model, optimizer and
         # scheduler are those of the last completed optimizer step (`state.global_step`), as a periodic save there
-        # would have written them (gradients accumulated since are not part of a checkpoint). Trainer._save_checkpoint
-        # names the folder `checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"` in
-        # `run_dir = self._get_output_dir(trial=trial)`, where `resume_from_checkpoint` (or `True`: the last one) finds it.
-        step = self.state.global_step
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        # would have written them (gradients accumulated since are not part of a checkpoint), into the folder where
+        # `resume_from_checkpoint` (or `True`: the last one) finds it (`_checkpoint_folder`).
+        step, folder = self.state.global_step, self._checkpoint_folder(trial)
         if self.args.save_strategy == "no" or step == 0:
             return
         if os.path.isdir(folder):
@@ -1092,7 +1090,7 @@ class GRPOExtTrainer(GRPOTrainer):
         # Seam: GRPOTrainer._save_checkpoint(model, trial) saves into `<output_dir>/checkpoint-<global_step>`; TRL
         # keeps its own extra state there the same way (entropy_ctrl_state.json).
         super()._save_checkpoint(model, trial)
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        folder = self._checkpoint_folder(trial)
         # TRL's `_prepare_inputs` generates when `self._step % generate_every == 0 or self._buffered_inputs is None`
         # ("self._buffered_inputs=None can occur when resuming from a checkpoint") and trains on
         # `self._buffered_inputs[self._step % self.args.steps_per_generation]`; a new trainer starts at `_step = 0`.
@@ -1109,6 +1107,11 @@ class GRPOExtTrainer(GRPOTrainer):
         if not self.args.should_save or not any(states.values()):
             return
         torch.save(states, os.path.join(folder, STATE_FILE))
+
+    def _checkpoint_folder(self, trial) -> str:
+        # Where Trainer._save_checkpoint writes this step's checkpoint: `checkpoint_folder =
+        # f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"` in `run_dir = self._get_output_dir(trial=trial)`.
+        return os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Seam: called with the checkpoint folder on `resume_from_checkpoint`, after the model is prepared.

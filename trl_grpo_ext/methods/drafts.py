@@ -616,7 +616,7 @@ class Drafts(Extension):
         elif not refine_batch or self.num == 0:
             return
         else:
-            texts = self._generate(plan, starts)
+            texts = self._write_drafts(plan, starts)
         self._add(rows, keys, texts)
 
     def _add(self, rows: list[dict], keys: list[str], texts: list[list[str]]) -> None:
@@ -637,7 +637,7 @@ class Drafts(Extension):
         ids = self.trainer.tokenizer(text, add_special_tokens=False)["input_ids"]
         return text if len(ids) <= limit else self.trainer.tokenizer.decode(ids[:limit], skip_special_tokens=True)
 
-    def _generate(self, plan, starts: list[int]) -> list[list[str]]:
+    def _write_drafts(self, plan, starts: list[int]) -> list[list[str]]:
         """`draft_num` drafts per problem, by the draft model or the policy (TRL's generation, vLLM included)."""
         trainer, n = self.trainer, self.num
         cap = self.max_new_tokens or trainer.args.max_completion_length

@@ -580,7 +580,7 @@ class HiMA(Extension):
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     # ---- running calls
-    def _generate(self, plan: RolloutPlan, systems: list[_System], block: int = 1) -> None:
+    def _run_calls(self, plan: RolloutPlan, systems: list[_System], block: int = 1) -> None:
         """Generate the pending call of every system (in blocks of `block` rows that share their call); with
         per-agent adapters, one generation per adapter, each under its own.
 
@@ -673,7 +673,7 @@ class HiMA(Extension):
             pending = [s for s in systems if s.pending is not None]
             if not self.trainer.any_process(bool(pending))[0]:
                 return
-            self._generate(plan, pending)
+            self._run_calls(plan, pending)
 
     # ---- the hook
     def rollout(self, plan: RolloutPlan, prompts: list) -> Rollout | None:
@@ -704,7 +704,7 @@ class HiMA(Extension):
                     alt.pending = _Call(node.agent, node.messages)
                     systems.append(alt)
                     nodes.append(k)
-        self._generate(plan, systems, block=g)  # the alternatives of a node: blocks of G rows with one prompt
+        self._run_calls(plan, systems, block=g)  # the alternatives of a node: blocks of G rows with one prompt
         self._finish(plan, systems)
         return self._to_rollout(systems, [s.calls[k] for s, k in zip(systems, nodes, strict=True)])
 
