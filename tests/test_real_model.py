@@ -355,3 +355,38 @@ def test_hima_routes_stop_at_a_tag_and_agent_adapters_train(real_path, real_toke
     assert moved <= set(trainer.adapters[1:])  # the policy's own adapter is no agent's: it never moves
     if kept is not None and kept.any():
         assert moved  # a kept node group trained its agent's adapter
+
+
+def test_shared_prefix_forward_on_a_real_vocabulary(real_path, real_tokenizer, tmp_path, monkeypatch):
+    # PTA on SmolLM2 with `shared_prefix_forward`: each forward of the loss runs as a prefix tree whose rows share the
+    # chat-templated prompt and the plan, and its log-probs are TRL's on the same rows.
+    import trl_grpo_ext.trainer as trainer_module
+    from trl_grpo_ext.shared_prefix import prefix_tree
+
+    trees = []
+
+    def layout(*args):
+        trees.append(prefix_tree(*args))
+        return trees[-1]
+
+    monkeypatch.setattr(trainer_module, "prefix_tree", layout)
+    args = PTAGRPOConfig(output_dir=str(tmp_path / "out"), num_plans=2, continuations_per_plan=2, num_generations=4,
+                         per_device_train_batch_size=4, max_completion_length=16, plan_max_tokens=8, max_steps=2,
+                         learning_rate=1e-4, shared_prefix_forward=True, **cpu_test_config_kwargs())  # fmt: skip
+    trainer = PTAGRPOTrainer(model=real_path, reward_funcs=[varied_reward], args=args, train_dataset=addition_dataset(),
+                             processing_class=real_tokenizer)  # fmt: skip
+    _train(trainer)
+    assert len(trees) == 2 and all(t.input_ids.size(0) == 1 for t in trees)  # one group a step, one packed row
+    assert all(t.tokens < 0.6 * t.row_tokens for t in trees)  # the prompt (and plans) once, not 4 times
+    # The same rows through TRL's path and through the tree: equal log-probs.
+    out = trainer.last_batch._output
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+    mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+    keep = out["completion_ids"].size(1)
+    trainer.model.eval()
+    with torch.no_grad():
+        shared, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)
+        trainer.args.shared_prefix_forward = False
+        plain, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)
+    completion = out["completion_mask"].bool()
+    torch.testing.assert_close(shared[completion], plain[completion], atol=1e-4, rtol=1e-4)
