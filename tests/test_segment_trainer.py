@@ -323,3 +323,27 @@ def test_segment_reward_in_reward_funcs_is_a_clear_error(tiny_model_path, tokeni
         GRPOExtTrainer(model=str(tiny_model_path), reward_funcs=["tool_call_validity"],
                        args=GRPOExtConfig(output_dir=str(tmp_path), **cpu_test_config_kwargs()),
                        train_dataset=tiny_dataset(4), processing_class=tokenizer)  # fmt: skip
+
+
+def test_arpo_refuses_several_processes_with_sharded_parameters():
+    # Sharded parameters make every forward collective, and processes branch differently: refused at setup, naming
+    # the fix. `sharded_parameters` reads accelerate's state as the trainer has it.
+    from types import SimpleNamespace
+
+    from trl_grpo_ext import GRPOExtTrainer
+    from trl_grpo_ext.methods.arpo import ARPO
+
+    def trainer(processes, fsdp=False, zero_stage=None):
+        plugin = None if zero_stage is None else SimpleNamespace(zero_stage=zero_stage)
+        fake = SimpleNamespace(is_fsdp_enabled=fsdp, is_deepspeed_enabled=plugin is not None, use_vllm=False,
+                               accelerator=SimpleNamespace(num_processes=processes,
+                                                           state=SimpleNamespace(deepspeed_plugin=plugin)),
+                               tokenizer=list(range(50)))  # fmt: skip
+        fake.sharded_parameters = GRPOExtTrainer.sharded_parameters.fget(fake)
+        return fake
+
+    for sharded in (trainer(2, fsdp=True), trainer(2, zero_stage=3)):
+        with pytest.raises(NotImplementedError, match="sharded parameters .* use DDP"):
+            ARPO(initial_rollouts=2).setup(sharded)
+    for fine in (trainer(1, fsdp=True), trainer(1, zero_stage=3), trainer(2, zero_stage=2), trainer(2)):
+        ARPO(initial_rollouts=2).setup(fine)  # one process, ZeRO-2 or DDP: branches as usual

@@ -356,6 +356,13 @@ class GRPOExtTrainer(GRPOTrainer):
         """Log a scalar with TRL's own metrics (averaged over each logging step, sent to `report_to`)."""
         self._metrics[mode][name].append(float(value))
 
+    @property
+    def sharded_parameters(self) -> bool:
+        """Whether the policy's parameters are sharded over the processes (DeepSpeed ZeRO-3, FSDP): every forward
+        pass, generation included, is then collective."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return bool(self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin and plugin.zero_stage == 3))
+
     def any_process(self, *flags: bool) -> tuple[bool, ...]:
         """Each flag, true where it is true on any process: one gather, so every process must call it (as given on
         one process). What a process does next in a collective step (a generation call, a gather) must not depend
@@ -930,7 +937,7 @@ class GRPOExtTrainer(GRPOTrainer):
         # its rows, and call even when none of them needs generating: finished rows are generated, their output dropped.
         gathered = self.accelerator.num_processes > 1 and (
             (self.use_vllm and (self.vllm_mode == "server" or self.vllm_tensor_parallel_size > 1))
-            or (not self.use_vllm and self._sharded_parameters)
+            or (not self.use_vllm and self.sharded_parameters)
         )
         active = list(range(len(prompt_ids))) if gathered else wanted
         generated, sampled = {}, ({} if self.use_vllm else None)
@@ -961,12 +968,6 @@ class GRPOExtTrainer(GRPOTrainer):
         # A given prefix was not sampled by the backend: no sampling log-prob (TRL maps None to NaN, ratio 1).
         known = stage.prefix_logprobs or [[None] * len(prefix) for prefix in prefixes]
         return completion_ids, [list(known[i]) + sampled.get(i, []) for i in range(len(prefixes))]
-
-    @property
-    def _sharded_parameters(self) -> bool:
-        """Whether the policy's parameters are sharded over the processes (DeepSpeed ZeRO-3, FSDP)."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        return bool(self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin and plugin.zero_stage == 3))
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Seam: GRPOTrainer._calculate_rewards(inputs, prompts, completions, completion_ids_list) returns

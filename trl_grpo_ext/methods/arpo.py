@@ -226,8 +226,7 @@ class ARPO(Extension):
                 "ARPO branching with vLLM server mode on several processes is not supported yet (processes would make "
                 "different numbers of generation calls); use vllm_mode='colocate' or transformers generation."
             )
-        sharded = trainer.is_fsdp_enabled or getattr(trainer.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
-        if trainer.accelerator.num_processes > 1 and sharded:
+        if trainer.accelerator.num_processes > 1 and trainer.sharded_parameters:
             # Sharded parameters make every forward pass collective (generation, TRL's tool loop, the entropies), and
             # processes branch, and continue their branches' tool calls, differently: they would wait on each other.
             raise NotImplementedError(
