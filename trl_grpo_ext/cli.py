@@ -44,6 +44,7 @@ from trl import (
 import trl_grpo_ext
 
 from . import hub
+from .__main__ import main
 from .data.driving import driving_dataset, driving_sft_dataset
 from .data.trees import SAMPLE_TREES, questions_dataset
 from .extension import list_methods
@@ -652,34 +653,8 @@ def sweep(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- main
-COMMANDS = {
-    "train": (train, "train a named trainer (no arguments: the offline quickstart); `train --help` lists every flag"),
-    "sft": (sft, "PTA-GRPO's cold start: SFT on (question, plan, reasoning, answer) rows in the plan format"),
-    "trees": (trees, "grow Tree-OPO prefix trees with a teacher model (resumable): `trees --output trees.jsonl`"),
-    "push": (push, "upload a saved run with its model card: `push OUTPUT_DIR REPO_ID`"),
-    "sweep": (sweep, "run a recipe over a grid of settings and compare the cells: `sweep --grid loss_type=grpo,dapo`"),
-}
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="trl-grpo-ext", description=__doc__.split("\n\n")[0])
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, text) in COMMANDS.items():
-        subparsers.add_parser(name, help=text, add_help=False)
-    if not argv or argv[0] in ("-h", "--help"):
-        parser.print_help()
-        return 0 if argv else 2
-    if argv[0] not in COMMANDS:
-        print(f"trl-grpo-ext: unknown command {argv[0]!r}; use one of: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
-    try:
-        result = COMMANDS[argv[0]][0](argv[1:])
-    except CLIError as exc:
-        print(f"trl-grpo-ext {argv[0]}: error: {exc}", file=sys.stderr)
-        return 2
-    return result if isinstance(result, int) else 0  # `sweep` returns its status; the others what they made
-
+# The front door (`trl-grpo-ext`, `python -m trl_grpo_ext`) is `main`, in `trl_grpo_ext.__main__`: it answers --help and
+# typos without importing this module; `python -m trl_grpo_ext.cli` (what `sweep` and `torchrun -m` run) goes through it.
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -135,10 +135,19 @@ def register_method(method: Method) -> Method:
 
 def get_method(name: str) -> Method:
     if name not in METHODS:
+        _load_builtins()
+    if name not in METHODS:
         raise KeyError(f"unknown method {name!r}. Known methods: {', '.join(METHODS)}.")
     return METHODS[name]
 
 
 def list_methods() -> list[Method]:
     """The registered methods, in registration order."""
+    _load_builtins()
     return list(METHODS.values())
+
+
+def _load_builtins() -> None:
+    import trl_grpo_ext  # the package imports its methods lazily: they register on first use
+
+    trl_grpo_ext.load_builtins()

@@ -51,6 +51,7 @@ class Registry:
         return add if obj is None else add(obj)
 
     def names(self) -> list[str]:
+        _load_builtins()
         return sorted(self._entries)
 
     def get(self, name: str | Callable, **params) -> Callable:
@@ -59,6 +60,8 @@ class Registry:
             if params:
                 raise ValueError(f"{self.kind} {_describe(name)} is already a callable; it takes no parameters.")
             return name
+        if name not in self._entries and "." not in name:
+            _load_builtins()
         if name in self._entries:
             entry = self._entries[name]
             if entry.factory:
@@ -76,6 +79,11 @@ class Registry:
             f"unknown {self.kind} {name!r}. Known {self.kind}s: {', '.join(self.names()) or '(none)'}; "
             f"or give a dotted import path such as 'my_module.my_{self.kind}'."
         )
+
+
+def _load_builtins() -> None:
+    """Register the built-ins (`trl_grpo_ext` imports its modules lazily) before a registry answers a miss."""
+    importlib.import_module("trl_grpo_ext").load_builtins()
 
 
 def _describe(obj) -> str:
