@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -69,27 +70,23 @@ DEFAULT_REWARDS = ["tag_format", "accuracy", "contains_solution"]
 # Defaults, under a recipe's values and the flags: 30 steps of 8 completions (4 a prompt) of at most 24 tokens.
 TASK = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 24, "max_steps": 30,
         "learning_rate": 3e-5, "beta": 0.0, "logging_steps": 5, "save_strategy": "no", "report_to": "none", "seed": 0}  # fmt: skip
-# Each method on the task: what makes `--trainer NAME` alone a working run of it on a CPU.
-TASK_METHODS = {
+# Each named trainer at CPU size, on the tiny model and on the built-in task (defaults, under a recipe and the flags).
+# With them and the fits of `_fit_presets` (PTA's plans to the group size, the curriculum's drops to the run's
+# length), `--trainer NAME` alone is a working run of that method.
+METHOD_PRESETS = {
     "prorl": {"beta": 1e-4},  # ProRL keeps a small KL term (resets need a reference)
-    "pta": {
-        "num_plans": 2,
-        "continuations_per_plan": 2,
-        "max_completion_length": 32,
-        "plan_max_tokens": 16,
-        "pta_outcome_reward": "last_integer",
-    },
+    "pta": {"max_completion_length": 32, "plan_max_tokens": 16},
     "curriculum": {"budget_start": 24, "budget_end": 8, "budget_decays": 2, "budget_caps_generation": True},
-    "tree_opo": {"prefix_trees": SAMPLE_TREES},  # the shipped scripted-teacher trees of the 40 training additions
-    "bicc": {"bicc_reward": "last_integer"},  # the task's correctness reward
-    "drafts": {"draft_reward": "last_integer"},  # scores the drafts, as it scores the answers
     # the toy hierarchy (router, calculator agent, QA agent); 2 node groups of 2 alternatives per question
-    "hima": {
-        "hima_hierarchy": "toy",
-        "hima_alternatives": 2,
-        "hima_accuracy_reward": "last_integer",
-        "max_completion_length": 48,
-    },
+    "hima": {"hima_hierarchy": "toy", "hima_alternatives": 2, "max_completion_length": 48},
+}
+# ... and on the built-in task: the task's correctness reward, where a method reads one, and Tree-OPO's trees.
+TASK_METHODS = {
+    "pta": {"pta_outcome_reward": "last_integer"},
+    "tree_opo": {"prefix_trees": SAMPLE_TREES},  # the shipped scripted-teacher trees of the 40 training additions
+    "bicc": {"bicc_reward": "last_integer"},
+    "drafts": {"draft_reward": "last_integer"},  # scores the drafts, as it scores the answers
+    "hima": {"hima_accuracy_reward": "last_integer"},
 }
 TASK_REWARDS = {
     "curriculum": (["last_integer", "budget_length"], [1.0, 0.5]),
@@ -102,8 +99,11 @@ DRIVING_TASK = {"max_completion_length": 48}
 # What makes a run on the tiny model take seconds on a CPU; `--tiny` puts it over a recipe's values (flags still win).
 TINY = {"max_steps": 20, "max_completion_length": 24, "learning_rate": 5e-3, "save_strategy": "no", "report_to": "none",
         "seed": 0}  # fmt: skip
-QUICKSTART = {"output_dir": "outputs/quickstart", "per_device_train_batch_size": 8, "num_generations": 4,
-              "logging_steps": 5, **TINY}  # fmt: skip
+QUICKSTART = {"per_device_train_batch_size": 8, "num_generations": 4, "logging_steps": 5, **TINY}
+# Where a run saves when no --output_dir is given: one folder per trainer and model, never another run's.
+OUTPUT_DIR = "outputs/{trainer}-{model}"
+# The data flags of a dataset run; `--tiny` and `--task` bring their own data, so these would go unused with them.
+DATA_FLAGS = ("--dataset_name", "--data_files", "--dataset_config", "--datasets")
 # TRL defaults bf16=True and gradient checkpointing on; neither suits a CPU (newer transformers: "activation_").
 _CHECKPOINTING = next(n for n in ("activation_checkpointing", "gradient_checkpointing")
                       if n in TrainingArguments.__dataclass_fields__)  # fmt: skip
@@ -159,6 +159,19 @@ class TrainScriptArguments(_ScriptArguments):
     system_prompt: str | None = field(
         default=None, metadata={"help": "System message for every prompt ({budget} ok)."}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace the model of a finished run in --output_dir (without it, such a run is refused)."},
+    )
+
+
+@dataclass
+class _RunShape:
+    """What the first pass of `train` reads besides the script arguments: the run's length and group size, to which
+    the named trainers' presets are fitted (`_fit_presets`)."""
+
+    max_steps: int = -1
+    num_generations: int | None = None
 
 
 class CLIError(Exception):
@@ -182,8 +195,10 @@ class Parser(TrlParser):
         return super().set_defaults_with_config(**{**config, **self.overrides})
 
     def parse(self, argv: list[str], **kwargs):
-        if "--config" in argv[:-1] and not os.path.isfile(path := argv[argv.index("--config") + 1]):
-            raise CLIError(f"--config {path}: no such file; give the path of a YAML recipe (see recipes/)")
+        argv = list(argv)
+        if "--config" in argv[:-1]:
+            at = argv.index("--config") + 1
+            argv[at] = resolve_recipe(argv[at])
         try:
             return self.parse_args_and_config(args=list(argv), **kwargs)
         except (ValueError, TypeError, KeyError) as exc:
@@ -195,6 +210,34 @@ class Parser(TrlParser):
         keys |= {a.dest for t in argv if (a := self._option_string_actions.get(t.split("=", 1)[0])) is not None}
         return {f.name: "<hidden>" if f.name.endswith("_token") else _plain(getattr(obj, f.name))
                 for obj in parsed for f in dataclasses.fields(obj) if f.name in keys}  # fmt: skip
+
+
+RECIPES = Path(__file__).resolve().parent / "recipes"
+
+
+def recipes() -> dict[str, Path]:
+    """The shipped recipes by name (file name without `.yaml`): `pta_grpo`, `prorl`, `pta_cold_start.sft`, ..."""
+    return {path.name.removesuffix(".yaml"): path for path in sorted(RECIPES.glob("*.yaml"))}
+
+
+def resolve_recipe(value: str) -> str:
+    """`--config VALUE`: a YAML file's path, a shipped recipe's name (`pta_grpo`), or a trainer's name whose recipe it
+    is (`pta`: the one recipe with `trainer: pta`). Anything else is a `CLIError` listing the recipe names."""
+    if os.path.isfile(value):
+        return value
+    shipped = recipes()
+    if value in shipped:
+        return str(shipped[value])
+    import yaml
+
+    for_trainer = [path for name, path in shipped.items() if not name.endswith(".sft")
+                   and (yaml.safe_load(path.read_text()) or {}).get("trainer", "grpo_ext") == value]  # fmt: skip
+    if len(for_trainer) == 1:
+        return str(for_trainer[0])
+    close = difflib.get_close_matches(value, shipped, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise CLIError(f"--config {value}: no such file or recipe; {hint}give the path of a YAML file or a recipe name: "
+                   f"{', '.join(shipped)}")  # fmt: skip
 
 
 def _plain(value):
@@ -231,8 +274,7 @@ def make_train_parser(config_class=None, subparsers=None, **defaults) -> Parser:
 
     With `subparsers` (an `add_subparsers(parser_class=Parser)` action, as TRL's own CLI builds them), it is added
     to them as the `train` command."""
-    types = (TrainScriptArguments, config_class or (), ModelConfig, DatasetMixtureConfig)
-    types = tuple(t for t in types if t)
+    types = (TrainScriptArguments, config_class or _RunShape, ModelConfig, DatasetMixtureConfig)
     if subparsers is not None:
         return subparsers.add_parser("train", help="train a named trainer", dataclass_types=types, **defaults)
     return Parser(types, prog="trl-grpo-ext train", add_help=config_class is not None, **defaults)
@@ -255,29 +297,38 @@ class TrainRun:
 
 def parse_train(argv: list[str]) -> TrainRun:
     """Parse and check `argv` like `trl-grpo-ext train ARGS` (a bad input raises `CLIError`); loads nothing."""
-    # A first pass reads what picks the second parser: the trainer (its config class) and whether the tiny model runs.
-    script_args, model_args, dataset_args, _ = make_train_parser().parse(argv, return_remaining_strings=True)
+    # A first pass reads what picks the second parser: the trainer (its config class), whether the tiny model runs,
+    # and the run's length and group size (the presets are fitted to them).
+    script_args, shape, model_args, dataset_args, _ = make_train_parser().parse(argv, return_remaining_strings=True)
     named = trainers()
     if script_args.trainer not in named:
-        raise CLIError(f"--trainer {script_args.trainer!r} is unknown; use one of: {', '.join(named)}")
-    trainer_cls, config_cls = named[script_args.trainer]
-    tiny, defaults = script_args.tiny, {**_device_defaults(), **(QUICKSTART if script_args.tiny else {})}
-    overrides = dict(TINY) if tiny else None
-    if tiny and script_args.trainer == "tree_opo":  # the built-in questions need their own trees, over a recipe's
+        close = difflib.get_close_matches(script_args.trainer, named, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise CLIError(f"--trainer {script_args.trainer!r} is unknown; {hint}use one of: {', '.join(named)}")
+    trainer, (trainer_cls, config_cls) = script_args.trainer, named[script_args.trainer]
+    tiny = script_args.tiny
+    _check_unused_flags(argv, script_args)
+    defaults = {**_device_defaults(), **(QUICKSTART if tiny else {}), **METHOD_PRESETS.get(trainer, {})}
+    overrides = dict(TINY) if tiny else {}
+    if tiny and trainer == "tree_opo":  # the built-in questions need their own trees, over a recipe's
         overrides["prefix_trees"] = SAMPLE_TREES
-    if tiny and script_args.trainer == "hima":  # the tiny model's answers are scored by the built-in rows' sums
-        defaults.update(hima_hierarchy="toy", hima_alternatives=2, hima_accuracy_reward="last_integer")
+    if tiny and trainer == "hima":  # the tiny model's answers are scored by the built-in rows' sums
+        defaults.update(hima_accuracy_reward="last_integer")
     named_data = script_args.dataset_name or dataset_args.datasets
-    default_task = "driving" if script_args.trainer == "nord" else "addition"
+    default_task = "driving" if trainer == "nord" else "addition"
     task = None if tiny else script_args.task or (None if named_data else default_task)
     if task:  # the task's defaults, under the recipe and the flags
-        output = "outputs/quickstart" if script_args.trainer == "grpo_ext" else f"outputs/{script_args.trainer}"
-        defaults.update(TASK, output_dir=output, **(DRIVING_TASK if task == "driving" else {}),
-                        **TASK_METHODS.get(script_args.trainer, {}))  # fmt: skip
+        defaults.update(TASK, **(DRIVING_TASK if task == "driving" else {}), **METHOD_PRESETS.get(trainer, {}),
+                        **TASK_METHODS.get(trainer, {}))  # fmt: skip
+    defaults.update(_fit_presets(trainer, config_cls, argv, shape, defaults, overrides))
+    if "--output_dir" not in _flags(argv):
+        model = "tiny" if tiny else Path(model_args.model_name_or_path or SMOLLM2).name
+        defaults["output_dir"] = OUTPUT_DIR.format(trainer=trainer, model=model)
     parser = make_train_parser(config_cls, defaults=defaults, overrides=overrides)
     parsed = parser.parse(argv)
     script_args, args, model_args, dataset_args = parsed
     given = parser.given(argv, parsed)
+    _check_output_dir(args.output_dir, script_args.overwrite_output_dir, args.resume_from_checkpoint)
 
     specs = script_args.reward_funcs
     if specs is None and task == "driving":
@@ -307,6 +358,66 @@ def parse_train(argv: list[str]) -> TrainRun:
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
         raise CLIError("a quantized base (--load_in_4bit / --load_in_8bit) cannot be trained itself; add --use_peft")
     return TrainRun(script_args, args, model_args, dataset_args, given, trainer_cls, rewards, tiny, task)
+
+
+def _flags(argv: list[str]) -> set[str]:
+    """The `--flags` given on the command line (`--name value` and `--name=value`)."""
+    return {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+
+
+def _check_unused_flags(argv: list[str], script_args) -> None:
+    """A flag that the run would not use is an error, never dropped: `--tiny` and `--task` bring their own data."""
+    given = _flags(argv)
+    data = [flag for flag in DATA_FLAGS if flag in given]
+    if script_args.tiny and data:
+        raise CLIError(f"{data[0]} is not used with --tiny, which trains on its built-in rows; to train the tiny model "
+                       f"on your data, replace --tiny with --model_name_or_path tiny")  # fmt: skip
+    if script_args.tiny and "--model_name_or_path" in given:
+        raise CLIError("--model_name_or_path is not used with --tiny, which trains the tiny random model; drop one of "
+                       "them (--model_name_or_path tiny trains the tiny model on any data)")  # fmt: skip
+    if script_args.tiny and "--task" in given:
+        raise CLIError(f"--task {script_args.task} is not used with --tiny, which trains on its built-in rows; to train "
+                       f"the tiny model on the task, replace --tiny with --model_name_or_path tiny")  # fmt: skip
+    if "--task" in given and data:
+        raise CLIError(
+            f"--task {script_args.task} brings its own data, so {data[0]} would not be used; drop one of them"
+        )
+    if "--data_files" in given and not (script_args.dataset_name or "--datasets" in given):
+        raise CLIError("--data_files needs --dataset_name, the loader that reads them (json, csv, parquet, text)")
+
+
+def _fit_presets(trainer: str, config_cls, argv: list[str], shape, defaults: dict, overrides: dict) -> dict:
+    """Named trainers' defaults fitted to the run (under a recipe's values and the flags, like every default).
+
+    PTA-GRPO: `num_plans` x `continuations_per_plan` = `num_generations` (the paper's 3 x 3 needs 9 rows a prompt).
+    Curriculum GRPO: at most `max_steps - 1` budget drops (each budget stage needs a step)."""
+    fields = config_cls.__dataclass_fields__
+    if "--max_steps" in _flags(argv) or "max_steps" not in overrides:
+        steps = shape.max_steps if shape.max_steps > 0 else defaults.get("max_steps")
+    else:
+        steps = overrides["max_steps"]
+    if "--num_generations" in _flags(argv) or shape.num_generations is not None:
+        generations = shape.num_generations
+    else:
+        generations = defaults.get("num_generations", fields["num_generations"].default)
+    fitted = {}
+    if trainer == "pta" and generations:
+        plans = max(d for d in range(1, int(generations**0.5) + 1) if generations % d == 0)
+        fitted.update(num_plans=plans, continuations_per_plan=generations // plans)
+    if trainer == "curriculum" and steps and steps >= 2:
+        decays = defaults.get("budget_decays", fields["budget_decays"].default)
+        fitted["budget_decays"] = min(decays, steps - 1)
+    return fitted
+
+
+def _check_output_dir(output_dir: str, overwrite: bool, resume) -> None:
+    """A finished run's model is never replaced without --overwrite_output_dir (TRL's old convention)."""
+    folder = Path(output_dir)
+    finished = [name for name in ("trl_grpo_ext_run.json", "adapter_config.json", "config.json")
+                if (folder / name).is_file()]  # fmt: skip
+    if finished and not overwrite and not resume:
+        raise CLIError(f"--output_dir {folder} already holds a finished run ({finished[0]}); pass "
+                       "--overwrite_output_dir to replace it, or choose another --output_dir")  # fmt: skip
 
 
 def train(argv: list[str]) -> Path:

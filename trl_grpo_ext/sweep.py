@@ -21,7 +21,6 @@ import csv
 import difflib
 import itertools
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -73,7 +72,8 @@ def cell_argv(base: list[str], cell: dict[str, list[str]], folder: Path, monitor
         argv += [f"--{name}", *tokens]
     if monitor and "--monitor" not in argv:
         argv += ["--monitor", "true"]
-    return [*argv, "--output_dir", str(folder)]
+    # The sweep owns its cells' folders: a cell it runs again (it had not finished) replaces what is there.
+    return [*argv, "--output_dir", str(folder), "--overwrite_output_dir", "true"]
 
 
 def check_cell(argv: list[str], cell: dict, name: str) -> None:
@@ -224,11 +224,11 @@ def make_sweep_parser() -> argparse.ArgumentParser:
 def sweep(argv: list[str]) -> int:
     """`trl-grpo-ext sweep`: check every cell, run the unfinished ones, write the comparison. Returns the exit
     status: 0 when every cell finished, 1 when some failed (the table says which)."""
-    from .cli import CLIError
+    from .cli import CLIError, resolve_recipe
 
     args, shared = make_sweep_parser().parse_known_args(argv)
-    if args.config and not os.path.isfile(args.config):
-        raise CLIError(f"--config {args.config}: no such file; give the path of a YAML recipe (see recipes/)")
+    if args.config:
+        args.config = resolve_recipe(args.config)
     if "--output_dir" in shared:
         raise CLIError("--output_dir is the sweep's folder; each cell's comes from it")
     grid = parse_grid(args.grid)

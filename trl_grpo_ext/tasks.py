@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 
 import torch
 from datasets import Dataset
@@ -152,8 +153,19 @@ class HeldoutAccuracy(TrainerCallback):
         return heldout_accuracy(model, tokenizer, max_new_tokens=self.max_new_tokens, system=self.system)
 
     def measure(self, step: int) -> float:
+        """Evaluate now, log the value, and say on the main process what runs and what it gave (the evaluation takes
+        a minute on a CPU: a silent pause under a progress bar reads as a hang)."""
+        from tqdm.auto import tqdm  # writes above an open progress bar without breaking it
+
+        say = self.trainer.is_world_process_zero() if hasattr(self.trainer, "is_world_process_zero") else True
+        when = "before training" if not self.history else f"after step {step}"
+        if say:
+            tqdm.write(f"Evaluating the {self.label} {when}...")
+        start = time.perf_counter()
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         value = self.evaluate(model, self.trainer.processing_class)
+        if say:
+            tqdm.write(f"The {self.label} {when}: {value:.3f} ({time.perf_counter() - start:.0f} s)")
         self.history.append((step, value))
         if hasattr(self.trainer, "log_metric"):  # ours: joins TRL's metrics (reporters); TRL's own trainer: history
             self.trainer.log_metric(self.key, value)

