@@ -55,7 +55,27 @@ def _fails(argv, tmp_path, capsys) -> str:
             ["generation_batch_size (6) must be divisible by num_generations (4)", "make per_device_train_batch_size"],
         ),
         (["--max_steps", "many"], ["--max_steps", "invalid int value: 'many'"]),
-        (["--config", "/no/such/recipe.yaml"], ["--config /no/such/recipe.yaml: no such file"]),
+        (["--config", "/no/such/recipe.yaml"], ["--config /no/such/recipe.yaml: no such file or recipe", "pta_grpo"]),
+        (["--config", "pta_grop"], ["did you mean 'pta_grpo'?", "a recipe name: bicc, curriculum_grpo"]),
+        (["--trainer", "ptaa"], ["did you mean 'pta'?"]),
+        (["--num_generation", "4"], ["unknown flag: --num_generation (did you mean --num_generations?)"]),
+        (["--max_completion_length", "0"], ["max_completion_length=0 must be a whole number of tokens >= 1"]),
+        (
+            ["--trainer", "trl", "--max_completion_length", "0"],
+            ["max_completion_length=0 must be a whole number of tokens >= 1"],
+        ),
+        (
+            ["--tiny", "--dataset_name", "json", "--data_files", "/tmp/nope/rows.jsonl", "--max_steps", "1"],
+            ["--dataset_name is not used with --tiny", "replace --tiny with --model_name_or_path tiny"],
+        ),
+        (["--tiny", "--model_name_or_path", "Qwen/Qwen2.5-0.5B"], ["--model_name_or_path is not used with --tiny"]),
+        (["--tiny", "--task", "addition"], ["--task addition is not used with --tiny"]),
+        (
+            ["--task", "addition", "--dataset_name", "json"],
+            ["brings its own data, so --dataset_name would not be used"],
+        ),
+        (["--data_files", "rows.jsonl"], ["--data_files needs --dataset_name"]),
+        (["--trainer", "curriculum", "--max_steps", "1"], ["spans 1 step(s)", "too few for budget_decays=2"]),
         (["--budget_start", "128", "--max_steps", "2"], ["spans 2 step(s)", "too few for budget_decays=3"]),
         (["--budget_schedule", "cosine"], ["invalid choice: 'cosine'"]),
         (["--load_in_4bit"], ["cannot be trained itself", "add --use_peft"]),
@@ -95,9 +115,11 @@ def test_prefix_column_missing(tmp_path, capsys):
 
 def test_unknown_yaml_key(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("max_step: 3\n")
+    recipe.write_text("max_step: 3\nnum_generation: 4\n")
     err = _fails(["--config", str(recipe)], tmp_path, capsys)
-    assert "Unknown arguments from config file" in err and "max_step" in err
+    assert (
+        "unknown YAML keys: max_step (did you mean max_steps?), num_generation (did you mean num_generations?)" in err
+    )
 
 
 def test_push_of_a_folder_without_a_run(tmp_path, capsys):

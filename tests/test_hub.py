@@ -2,10 +2,11 @@
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from huggingface_hub import HfApi, RepoUrl
+from huggingface_hub import HfApi, RepoUrl, constants
 from safetensors.torch import load_file
 
 from trl_grpo_ext import list_methods
@@ -80,6 +81,7 @@ def hub_calls():
         return f"https://huggingface.co/{repo_id}/commit/0"
 
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_OFFLINE", False)  # the stubs below are the (online) Hub
         patch.setattr(HfApi, "create_repo", create_repo)
         patch.setattr(HfApi, "upload_folder", upload_folder)
         yield calls
@@ -146,8 +148,36 @@ def test_push_failure_leaves_the_run_and_says_how_to_retry(pushed_run, monkeypat
     monkeypatch.setattr(HfApi, "create_repo", offline)
     assert main(["push", str(pushed_run), "me/tiny-curriculum"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "no network" in err
+    assert len(err.splitlines()) == 1 and "no network" in err and "could not be reached" in err
+    assert "login" not in err  # no network is not a login problem
     assert f"trl-grpo-ext push {pushed_run} me/tiny-curriculum" in err
+
+
+def test_offline_push_says_offline_before_trying(pushed_run, monkeypatch, capsys):
+    """With HF_HUB_OFFLINE set, `push` and `train --push_to_hub` refuse at once, naming the setting, not a login."""
+    tried = []
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(HfApi, "create_repo", lambda *a, **k: tried.append(a))
+    assert main(["push", str(pushed_run), "me/tiny-curriculum"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "HF_HUB_OFFLINE" in err and "login" not in err and not tried
+    assert main(["train", "--tiny", "--push_to_hub", "--output_dir", str(pushed_run.parent / "never")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--push_to_hub: HF_HUB_OFFLINE is set" in err and not (pushed_run.parent / "never").exists()
+
+
+def test_push_without_rights_says_to_log_in(pushed_run, monkeypatch, capsys):
+    from huggingface_hub.errors import HfHubHTTPError
+
+    def unauthorised(self, repo_id, **kwargs):
+        error = HfHubHTTPError.__new__(HfHubHTTPError)  # as the Hub raises it, whichever HTTP client it is built on
+        Exception.__init__(error, "401 Client Error: Unauthorized for url: https://huggingface.co/api/repos/create")
+        error.response = SimpleNamespace(status_code=401)
+        raise error
+
+    monkeypatch.setattr(HfApi, "create_repo", unauthorised)
+    assert main(["push", str(pushed_run), "me/tiny-curriculum"]) == 2
+    assert "hf auth login" in capsys.readouterr().err
 
 
 def test_hima_agent_adapters_push_every_adapter_with_one_card(hub_calls, tiny_cache_dir, tmp_path, tiny_model_path):

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import difflib
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -46,6 +47,7 @@ import trl_grpo_ext
 
 from . import hub
 from .__main__ import main
+from .config import check_generation_lengths
 from .data.driving import driving_dataset, driving_sft_dataset
 from .data.trees import SAMPLE_TREES, questions_dataset
 from .extension import list_methods
@@ -187,9 +189,6 @@ class Parser(TrlParser):
         self.applied = {**(defaults or {}), **self.overrides}
         self.set_defaults(**self.applied)
 
-    def error(self, message):
-        raise CLIError(f"{message}; see `{self.prog} --help`")
-
     def set_defaults_with_config(self, **config) -> list[str]:
         self.config_keys = set(config)
         return super().set_defaults_with_config(**{**config, **self.overrides})
@@ -202,7 +201,43 @@ class Parser(TrlParser):
         try:
             return self.parse_args_and_config(args=list(argv), **kwargs)
         except (ValueError, TypeError, KeyError) as exc:
-            raise CLIError(_one_line(exc)) from exc
+            raise CLIError(self._unknown_names(str(exc)) or _one_line(exc)) from exc
+
+    def _unknown_names(self, message: str) -> str | None:
+        """HfArgumentParser's "not used" / TrlParser's "Unknown arguments from config file", as one line naming each
+        unknown key or flag with the closest known one."""
+        if "not used by the HfArgumentParser" in message:
+            where = "flag"
+        elif "Unknown arguments from config file" in message:
+            where = "YAML key"
+        else:
+            return None
+        names = [token.lstrip("-") for token in re.findall(r"'(--[^'=]+)", message)]
+        if not names:
+            return None
+        known = sorted({action.dest for action in self._actions})
+        dash, parts = "--" if where == "flag" else "", []
+        for name in names:
+            close = difflib.get_close_matches(name, known, n=1)
+            parts.append(f"{dash}{name}" + (f" (did you mean {dash}{close[0]}?)" if close else ""))
+        return (f"unknown {where}{'s' if len(parts) > 1 else ''}: {', '.join(parts)}; fix the name, or see "
+                f"`{self.prog} --help` for every field")  # fmt: skip
+
+    def error(self, message):
+        if message.startswith("unrecognized arguments") or message.startswith("ambiguous option"):
+            names = [
+                token.lstrip("-").split("=")[0]
+                for token in message.split(":", 1)[-1].split()
+                if token.startswith("--")
+            ]
+            known = sorted({action.dest for action in self._actions})
+            hints = [f"--{n}{f' (did you mean --{c[0]}?)' if (c := difflib.get_close_matches(n, known, n=1)) else ''}"
+                     for n in names]  # fmt: skip
+            if hints:
+                raise CLIError(
+                    f"unknown flag{'s' if len(hints) > 1 else ''}: {', '.join(hints)}; see `{self.prog} --help`"
+                )
+        raise CLIError(f"{message}; see `{self.prog} --help`")
 
     def given(self, argv: list[str], parsed: tuple) -> dict:
         """The settings the run was given (YAML, flags, our defaults), as parsed: a recipe that reproduces it."""
@@ -328,6 +363,10 @@ def parse_train(argv: list[str]) -> TrainRun:
     parsed = parser.parse(argv)
     script_args, args, model_args, dataset_args = parsed
     given = parser.given(argv, parsed)
+    try:
+        check_generation_lengths(args)  # ours check it on construction; TRL's own config (`--trainer trl`) here
+    except ValueError as exc:
+        raise CLIError(str(exc)) from exc
     _check_output_dir(args.output_dir, script_args.overwrite_output_dir, args.resume_from_checkpoint)
 
     specs = script_args.reward_funcs
@@ -350,6 +389,8 @@ def parse_train(argv: list[str]) -> TrainRun:
     if args.reward_weights is not None and rewards is not None and len(args.reward_weights) != len(rewards):
         raise CLIError(f"--reward_weights has {len(args.reward_weights)} values for {len(rewards)} reward functions; "
                        "give one weight per reward, in order")  # fmt: skip
+    if args.push_to_hub and (reason := hub.offline_reason()):
+        raise CLIError(f"--push_to_hub: {reason}, or drop --push_to_hub and run `trl-grpo-ext push` later")
     if args.push_to_hub:
         try:
             validate_repo_id(args.hub_model_id or Path(args.output_dir).resolve().name)
@@ -476,8 +517,8 @@ def train(argv: list[str]) -> Path:
             trainer.push_to_hub()  # writes our model card (create_model_card), then uploads output_dir
         except Exception as exc:  # the Hub's errors (auth, network, permissions) all leave the run on disk
             raise CLIError(
-                f"pushing {out} to {args.hub_model_id!r} failed: {_one_line(exc)}; the run is saved: log "
-                f"in (`hf auth login`), then run `trl-grpo-ext push {out} {args.hub_model_id}`"
+                f"pushing {out} to {args.hub_model_id!r} failed: {hub.push_failure(exc)}; the run is saved: then "
+                f"run `trl-grpo-ext push {out} {args.hub_model_id}`"
             ) from exc
         print(f"Pushed to https://huggingface.co/{trainer.hub_model_id}")
     else:
@@ -742,14 +783,16 @@ def push(argv: list[str]) -> str:
     """`trl-grpo-ext push OUTPUT_DIR REPO_ID`: write the model card and upload the saved run."""
     args = make_push_parser().parse_args(argv)
     folder = Path(args.output_dir).resolve()
+    if reason := hub.offline_reason():
+        raise CLIError(f"cannot push {folder} to {args.repo_id!r}: {reason}, then run this command again")
     try:
         url = hub.push(folder, args.repo_id, private=args.private or None)
     except (FileNotFoundError, ValueError) as exc:
         raise CLIError(_one_line(exc)) from exc
     except Exception as exc:  # the Hub's errors (auth, network, permissions) all leave the run on disk
         raise CLIError(
-            f"pushing {folder} to {args.repo_id!r} failed: {_one_line(exc)}; log in (`hf auth login`) or "
-            f"fix the repo id, then run `trl-grpo-ext push {folder} {args.repo_id}` again"
+            f"pushing {folder} to {args.repo_id!r} failed: {hub.push_failure(exc)}; then run `trl-grpo-ext push "
+            f"{folder} {args.repo_id}` again"
         ) from exc
     print(f"Pushed {args.output_dir} to {url}")
     return url

@@ -73,6 +73,7 @@ class GRPOExtConfig(*SECTIONS, GRPOConfig):
 
     def __post_init__(self):
         check_field_types(self)  # before any section compares a value with a number
+        check_generation_lengths(self)
         super().__post_init__()
         from .advantages import list_advantages
 
@@ -105,6 +106,15 @@ GRPOExtConfig.__doc__ += "".join(section.__doc__.split("\n", 1)[1] for section i
 
 _KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "a string", type(None): "None"}
 _PLURALS = {bool: "booleans", int: "whole numbers", float: "numbers", str: "strings"}
+
+
+def check_generation_lengths(config) -> None:
+    """TRL's length fields, checked where they are set instead of inside generation (`max_new_tokens must be greater
+    than 0`, after the model has loaded). Any `GRPOConfig` can be checked; the command line checks TRL's own too."""
+    for name in ("max_completion_length", "max_prompt_length"):
+        value = getattr(config, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r} must be a whole number of tokens >= 1 (or unset for TRL's default).")
 
 
 def check_field_types(config) -> None:

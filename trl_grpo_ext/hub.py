@@ -189,6 +189,35 @@ def push(output_dir, repo_id: str, *, private: bool | None = None, token: str | 
     return str(repo)
 
 
+def offline_reason() -> str | None:
+    """Why nothing can be uploaded before trying (HF_HUB_OFFLINE is set), or None."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it on a machine that reaches the Hub"
+    return None
+
+
+def push_failure(exc: BaseException) -> str:
+    """What went wrong in an upload and what to do, from the error: no network, no login or no rights, or other."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    text = " ".join(f"{exc}".split())[:300]
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 8:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(e, OfflineModeIsEnabled) for e in chain):
+        return f"{text}; unset HF_HUB_OFFLINE on a machine that reaches the Hub"
+    status = next((e.response.status_code for e in chain if isinstance(e, HfHubHTTPError) and e.response is not None),
+                  None)  # fmt: skip
+    if status in (401, 403):
+        return f"{text}; log in with a token that can write there (`hf auth login`), or fix the repo id"
+    if any(isinstance(e, (ConnectionError, TimeoutError, OSError)) for e in chain) or "connect" in text.lower():
+        return f"the Hub could not be reached ({text}); check the network or proxy"
+    return f"{text}; check the repo id and your rights to it (`hf auth whoami`)"
+
+
 def _method_row(key: str) -> str:
     if key == "grpo":
         title, arxiv = GRPO

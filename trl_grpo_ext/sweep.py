@@ -82,7 +82,10 @@ def check_cell(argv: list[str], cell: dict, name: str) -> None:
 
     trainer = cell.get("trainer", [None])[0]
     if trainer is None:  # from the shared flags or the recipe: the first pass reads it
-        trainer = make_train_parser().parse(argv, return_remaining_strings=True)[0].trainer
+        try:
+            trainer = make_train_parser().parse(argv, return_remaining_strings=True)[0].trainer
+        except CLIError as exc:
+            raise CLIError(f"grid cell {name}: {exc}") from None
     named = trainers()
     if trainer not in named:
         raise CLIError(f"grid cell {name}: --trainer {trainer!r} is unknown; use one of: {', '.join(named)}")
