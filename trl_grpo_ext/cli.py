@@ -389,13 +389,13 @@ def parse_train(argv: list[str]) -> TrainRun:
     if args.reward_weights is not None and rewards is not None and len(args.reward_weights) != len(rewards):
         raise CLIError(f"--reward_weights has {len(args.reward_weights)} values for {len(rewards)} reward functions; "
                        "give one weight per reward, in order")  # fmt: skip
-    if args.push_to_hub and (reason := hub.offline_reason()):
-        raise CLIError(f"--push_to_hub: {reason}, or drop --push_to_hub and run `trl-grpo-ext push` later")
     if args.push_to_hub:
         try:
             validate_repo_id(args.hub_model_id or Path(args.output_dir).resolve().name)
         except ValueError as exc:
             raise CLIError(f"--hub_model_id: {_one_line(exc)}; set --hub_model_id to 'user/name'") from exc
+    if args.push_to_hub and (reason := hub.offline_reason()):
+        raise CLIError(f"--push_to_hub: {reason}, or drop --push_to_hub and run `trl-grpo-ext push` later")
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
         raise CLIError("a quantized base (--load_in_4bit / --load_in_8bit) cannot be trained itself; add --use_peft")
     return TrainRun(script_args, args, model_args, dataset_args, given, trainer_cls, rewards, tiny, task)
@@ -783,6 +783,10 @@ def push(argv: list[str]) -> str:
     """`trl-grpo-ext push OUTPUT_DIR REPO_ID`: write the model card and upload the saved run."""
     args = make_push_parser().parse_args(argv)
     folder = Path(args.output_dir).resolve()
+    try:
+        hub.check_push(folder, args.repo_id)
+    except (FileNotFoundError, ValueError) as exc:
+        raise CLIError(_one_line(exc)) from exc
     if reason := hub.offline_reason():
         raise CLIError(f"cannot push {folder} to {args.repo_id!r}: {reason}, then run this command again")
     try:

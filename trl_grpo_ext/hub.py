@@ -160,13 +160,9 @@ The last logged value of each metric. A method's own metrics carry its prefix (`
     return card
 
 
-def push(output_dir, repo_id: str, *, private: bool | None = None, token: str | None = None) -> str:
-    """Write the model card for `repo_id` into `output_dir` and upload the folder; return the repository URL.
-
-    The repository is created if missing. Raises FileNotFoundError / ValueError (nothing uploaded) when the folder
-    holds no saved run or no model, or `repo_id` is not a valid repository id.
-    """
-    from huggingface_hub import HfApi
+def check_push(output_dir, repo_id: str) -> dict:
+    """What can be checked before any request: a saved run with a model in `output_dir` (its record is returned) and
+    a valid `repo_id`. Raises FileNotFoundError / ValueError naming the fix."""
     from huggingface_hub.utils import validate_repo_id
 
     folder = Path(output_dir)
@@ -177,6 +173,19 @@ def push(output_dir, repo_id: str, *, private: bool | None = None, token: str | 
             "there (`trainer.save_model`) before pushing"
         )
     validate_repo_id(repo_id)
+    return record
+
+
+def push(output_dir, repo_id: str, *, private: bool | None = None, token: str | None = None) -> str:
+    """Write the model card for `repo_id` into `output_dir` and upload the folder; return the repository URL.
+
+    The repository is created if missing. Raises FileNotFoundError / ValueError (nothing uploaded) when the folder
+    holds no saved run or no model, or `repo_id` is not a valid repository id.
+    """
+    from huggingface_hub import HfApi
+
+    folder = Path(output_dir)
+    record = check_push(folder, repo_id)
     api = HfApi(token=token)
     repo = api.create_repo(repo_id, private=private, exist_ok=True)
     model_card(record, repo_id=repo.repo_id).save(folder / "README.md")
