@@ -66,6 +66,20 @@ def test_selection_rules_by_hand():
         choose_drafts(["a"], pool, keep="worst")
 
 
+@pytest.mark.parametrize("missing", [None, float("nan")], ids=["none", "nan"])
+def test_best_of_never_ranks_an_unscored_draft_above_a_scored_one(missing):
+    # Issue 32: with every draft drawn (best_of = the pool), the best is b1 (0.9) on every seed; an unscored draft
+    # (score None or NaN) comes after every scored one, so with per_row=5 it is the last shown.
+    pool = [Draft("b", "b-unscored", missing, None), Draft("b", "b0", 0.2, False), Draft("b", "b1", 0.9, True),
+            Draft("b", "b2", 0.5, True), Draft("b", "b3", 0.7, True)]  # fmt: skip
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        assert choose_drafts(["b"], pool, keep="best", best_of=5, generator=g) == [[2]]
+        assert choose_drafts(["b"], pool, keep="best", best_of=5, per_row=5, generator=g) == [[2, 4, 3, 1, 0]]
+    # Only unscored drafts drawn: they are still shown (there is nothing better).
+    assert choose_drafts(["b"], pool[:1], keep="best", best_of=1) == [[0]]
+
+
 def test_problem_keys_tell_duplicates_apart_only_by_content():
     chat = [{"role": "user", "content": "1 + 1?"}]
     assert problem_key({"prompt": chat}) == problem_key({"prompt": [dict(chat[0])]})

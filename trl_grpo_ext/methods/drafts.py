@@ -244,8 +244,9 @@ def choose_drafts(keys: list[str], pool: list[Draft], *, match: str = "matched",
 
     Candidates are the pool's drafts of the same problem (`matched`) or of any other one (`mismatched`: never a draft
     whose key is the row's), filtered by `keep` (`wrong` / `correct`: by the draft's `correct` on its own problem,
-    unscored drafts left out; `best`: `best_of` drawn at random, the highest `score` first); they are tried in random
-    order and kept when `accept(row, index)` (default: always) is true.
+    unscored drafts left out; `best`: `best_of` drawn at random, the highest `score` first, unscored ones (score None
+    or NaN) after every scored one); they are tried in random order and kept when `accept(row, index)` (default:
+    always) is true.
 
     >>> pool = [Draft("a", "1", 0.0, False), Draft("b", "2", 1.0, True), Draft("b", "3", 0.0, False)]
     >>> choose_drafts(["a", "b"], pool, match="mismatched", keep="wrong")
@@ -262,8 +263,8 @@ def choose_drafts(keys: list[str], pool: list[Draft], *, match: str = "matched",
         elif keep == "correct":
             candidates = [i for i in candidates if pool[i].correct is True]
         order = [candidates[k] for k in torch.randperm(len(candidates), generator=generator).tolist()]
-        if keep == "best":
-            order = sorted(order[:best_of], key=lambda i: -math.inf if pool[i].score is None else -pool[i].score)
+        if keep == "best":  # the highest score first; unscored drafts (None or NaN) after every scored one
+            order = sorted(order[:best_of], key=lambda i: (1, 0.0) if _unscored(pool[i]) else (0, -pool[i].score))
         picked = []
         for i in order:
             if accept is None or accept(row, i):
@@ -272,6 +273,10 @@ def choose_drafts(keys: list[str], pool: list[Draft], *, match: str = "matched",
                     break
         chosen.append(picked)
     return chosen
+
+
+def _unscored(draft: Draft) -> bool:
+    return draft.score is None or math.isnan(draft.score)
 
 
 def ngram_overlap(text: str, reference: str, n: int = 4) -> float:
