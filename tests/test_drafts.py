@@ -286,6 +286,29 @@ def test_mix_and_dynamic_sampling_and_resume_state(tiny_model_path, tokenizer, t
     assert torch.equal(fresh._generator.get_state(), extension._generator.get_state())
 
 
+def test_mix_generates_drafts_only_for_the_groups_that_refine(tiny_model_path, tokenizer, tmp_path):
+    # Issue 32: "mix" generated draft_num drafts for every group of every batch, even when no group was drawn to
+    # refine. Draws scripted per batch (2 groups of 4): none refines, then the first, then the second.
+    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, draft_mode="mix", draft_ratio=0.5, draft_num=2,
+                       max_steps=3, logging_steps=1)  # fmt: skip
+    extension = trainer.extension("drafts")
+    draws = iter([[False, False], [True, False], [False, True]])
+    extension._refining = lambda groups: next(draws)
+    calls, original = [], trainer.generate_stage
+
+    def generate_stage(prompts, plan, **kwargs):
+        ids, logprobs = original(prompts, plan, **kwargs)
+        calls.append((list(kwargs["rows"]), sum(len(row) for row in ids)))
+        return ids, logprobs
+
+    trainer.generate_stage = generate_stage
+    logs = _train(trainer)
+    assert [log["drafts/refine_fraction"] for log in logs] == [0.0, 0.5, 0.5]
+    # batch 1 generates nothing; then draft_num=2 drafts of the refining group's problem only (its first row)
+    assert [rows for rows, _ in calls] == [[0, 0], [4, 4]]
+    assert [log["drafts/generated_tokens"] for log in logs] == [0.0, *(tokens for _, tokens in calls)]
+
+
 def test_plain_prompts_and_the_draft_rewards_train(tiny_model_path, tokenizer, tmp_path):
     dataset = tiny_dataset(8, conversational=False)
     dataset = dataset.add_column("draft", [["one", "two"]] * len(dataset))  # a list of drafts per problem
