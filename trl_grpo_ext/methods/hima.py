@@ -739,8 +739,8 @@ class HiMA(Extension):
             mine = (groups >= start) & (groups < start + slots)
             selected += select_node_groups(rewards[mine], groups[mine], self.top_k)
         keep = torch.isin(groups, torch.tensor(selected, dtype=torch.long))
-        scale = "none" if self.trainer.args.scale_rewards == "none" else "group"
-        advantages = node_group_advantages(rewards, groups, scale=scale)
+        # TRL's three `scale_rewards` values: "batch" centres per node group and divides by the whole batch's std.
+        advantages = node_group_advantages(rewards, groups, scale=self.trainer.args.scale_rewards)
         batch.set_advantages(batch.local(advantages), source="HiMA")
         batch.drop_rows(batch.local(~keep))
         total = int(groups.max()) + 1
