@@ -66,6 +66,20 @@ def test_selection_rules_by_hand():
         choose_drafts(["a"], pool, keep="worst")
 
 
+@pytest.mark.parametrize("missing", [None, float("nan")], ids=["none", "nan"])
+def test_best_of_never_ranks_an_unscored_draft_above_a_scored_one(missing):
+    # Issue 32: with every draft drawn (best_of = the pool), the best is b1 (0.9) on every seed; an unscored draft
+    # (score None or NaN) comes after every scored one, so with per_row=5 it is the last shown.
+    pool = [Draft("b", "b-unscored", missing, None), Draft("b", "b0", 0.2, False), Draft("b", "b1", 0.9, True),
+            Draft("b", "b2", 0.5, True), Draft("b", "b3", 0.7, True)]  # fmt: skip
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        assert choose_drafts(["b"], pool, keep="best", best_of=5, generator=g) == [[2]]
+        assert choose_drafts(["b"], pool, keep="best", best_of=5, per_row=5, generator=g) == [[2, 4, 3, 1, 0]]
+    # Only unscored drafts drawn: they are still shown (there is nothing better).
+    assert choose_drafts(["b"], pool[:1], keep="best", best_of=1) == [[0]]
+
+
 def test_problem_keys_tell_duplicates_apart_only_by_content():
     chat = [{"role": "user", "content": "1 + 1?"}]
     assert problem_key({"prompt": chat}) == problem_key({"prompt": [dict(chat[0])]})
@@ -270,6 +284,29 @@ def test_mix_and_dynamic_sampling_and_resume_state(tiny_model_path, tokenizer, t
     fresh.load_state_dict(state)
     assert fresh.store.pool() == extension.store.pool() and fresh.batches == extension.batches
     assert torch.equal(fresh._generator.get_state(), extension._generator.get_state())
+
+
+def test_mix_generates_drafts_only_for_the_groups_that_refine(tiny_model_path, tokenizer, tmp_path):
+    # Issue 32: "mix" generated draft_num drafts for every group of every batch, even when no group was drawn to
+    # refine. Draws scripted per batch (2 groups of 4): none refines, then the first, then the second.
+    trainer = _trainer(tiny_model_path, tokenizer, tmp_path, draft_mode="mix", draft_ratio=0.5, draft_num=2,
+                       max_steps=3, logging_steps=1)  # fmt: skip
+    extension = trainer.extension("drafts")
+    draws = iter([[False, False], [True, False], [False, True]])
+    extension._refining = lambda groups: next(draws)
+    calls, original = [], trainer.generate_stage
+
+    def generate_stage(prompts, plan, **kwargs):
+        ids, logprobs = original(prompts, plan, **kwargs)
+        calls.append((list(kwargs["rows"]), sum(len(row) for row in ids)))
+        return ids, logprobs
+
+    trainer.generate_stage = generate_stage
+    logs = _train(trainer)
+    assert [log["drafts/refine_fraction"] for log in logs] == [0.0, 0.5, 0.5]
+    # batch 1 generates nothing; then draft_num=2 drafts of the refining group's problem only (its first row)
+    assert [rows for rows, _ in calls] == [[0, 0], [4, 4]]
+    assert [log["drafts/generated_tokens"] for log in logs] == [0.0, *(tokens for _, tokens in calls)]
 
 
 def test_plain_prompts_and_the_draft_rewards_train(tiny_model_path, tokenizer, tmp_path):

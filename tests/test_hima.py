@@ -57,6 +57,46 @@ def test_node_group_advantages_by_hand():
     assert node_group_advantages(rewards, groups, scale=False).tolist() == pytest.approx([0.5, -0.5, 0, 0, 0])
 
 
+# Node groups of 2 (rows 0-1, 2-3, 4-5, 6-7): means 0.5, 1, 0.25, 0.5, so centred: 0.5, -0.5, 0, 0, 0.25, -0.25, 0.5, -0.5.
+# "group": each by its group's std (sqrt(0.5), 0, sqrt(0.125), sqrt(0.5)): +-0.5 / (0.70711 + 1e-4), +-0.25 / (0.35355 +
+# 1e-4). "batch": every one by the std of all 8 rewards: mean 4.5 / 8 = 0.5625, squares 4 * 0.4375^2 + 3 * 0.5625^2 +
+# 0.0625^2 = 1.71875, sample var 1.71875 / 7, std 0.49552. "none": centred only.
+SCALE_CASES = {
+    "group": [0.5 / (math.sqrt(0.5) + 1e-4), -0.5 / (math.sqrt(0.5) + 1e-4), 0.0, 0.0,
+              0.25 / (math.sqrt(0.125) + 1e-4), -0.25 / (math.sqrt(0.125) + 1e-4),
+              0.5 / (math.sqrt(0.5) + 1e-4), -0.5 / (math.sqrt(0.5) + 1e-4)],
+    "batch": [c / (math.sqrt(1.71875 / 7) + 1e-4) for c in (0.5, -0.5, 0.0, 0.0, 0.25, -0.25, 0.5, -0.5)],
+    "none": [0.5, -0.5, 0.0, 0.0, 0.25, -0.25, 0.5, -0.5],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scale_rewards", sorted(SCALE_CASES))
+def test_node_groups_follow_trls_scale_rewards(scale_rewards):
+    """Issue 32: "batch" was read as "group". TRL's "batch": centred per group, divided by the batch's std."""
+    from types import SimpleNamespace
+
+    from trl_grpo_ext import RolloutBatch
+    from trl_grpo_ext.methods.hima import HiMA
+
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.0, 1.0, 0.0])
+    assert node_group_advantages(rewards, torch.arange(8) // 2, scale_rewards).tolist() == pytest.approx(
+        SCALE_CASES[scale_rewards], abs=1e-5
+    )
+    # The extension reads the trainer's scale_rewards: 2 questions of 4 rows, 2 node slots of 2 alternatives.
+    hima = HiMA("toy", alternatives=2)
+    hima.trainer = SimpleNamespace(args=SimpleNamespace(scale_rewards=scale_rewards), log_metric=lambda *a, **k: None,
+                                   model=SimpleNamespace(training=True))  # fmt: skip
+    hima.memories, hima._owners = {}, ["router", "router", "qa", "qa"] * 2
+    batch = RolloutBatch(rewards=rewards, rewards_per_func=rewards[:, None], reward_func_names=["r"],
+                         reward_weights=torch.ones(1), num_generations=4, process_slice=slice(0, 8),
+                         advantages=torch.zeros(8), completion_ids=torch.zeros(8, 3, dtype=torch.long),
+                         completion_mask=torch.ones(8, 3, dtype=torch.long))  # fmt: skip
+    hima.after_scoring(batch)
+    assert batch.current_advantages.tolist() == pytest.approx(SCALE_CASES[scale_rewards], abs=1e-5)
+    with pytest.raises(ValueError, match="scale_rewards='std' is not one of 'group', 'batch', 'none'"):
+        node_group_advantages(rewards, torch.arange(8) // 2, "std")
+
+
 def test_top_k_node_groups_by_variance():
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.9, 0.1])
     groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # variances 0.5, 0, 0.125, 0.32

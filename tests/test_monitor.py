@@ -110,6 +110,21 @@ def test_hacking_evidence_names_the_component_and_the_numbers():
     assert finding.step == 12
 
 
+def test_a_format_term_rising_below_flat_correctness_is_hacking():
+    # Issue 32: correctness flat at 0.7, a format term (weight 1) rising 0.1 -> 0.6 over 24 logs. The term never pays
+    # as much as correctness (0.6 < 0.7); the rule is the rise while correctness is flat, so it fires, once.
+    def stream(s):
+        fmt = 0.1 + 0.5 * (s - 1) / 23
+        return {"rewards/accuracy/mean": 0.7, "rewards/fmt/mean": fmt, "reward": 0.7 + fmt}
+
+    monitor = replay(stream, steps=24)
+    assert [(f.detector, f.subject) for f in monitor.findings] == [("component_hacking", "fmt")]
+    # start: the median of logs 1-3, fmt(2); now: the median of the last 5, fmt(s - 2); the rise fmt(s - 2) - fmt(2) =
+    # 0.5 (s - 4) / 23 first reaches 0.2 at s = 14 (0.2174); it holds twice in a row at s = 15
+    assert monitor.findings[0].step == 15
+    assert "rewards/accuracy/mean 0.7 -> 0.7" in monitor.findings[0].evidence
+
+
 def test_an_episode_that_ends_and_returns_warns_again():
     def stream(s):  # the length collapses, recovers for 10 logs, collapses again
         return after(8, lambda t: {"completions/mean_length": 6.0 if t < 18 or t >= 28 else 40.0})(s)
@@ -231,6 +246,10 @@ def test_stored_runs_that_collapsed_are_flagged():
     assert {"component_hacking", "heldout_divergence", "length_collapse"} <= drafts
     cap = {f.detector for f in replay_stored(runs["curriculum_cap", "curriculum_cap"])}  # 0.683 -> 0.217
     assert {"correctness_regression", "component_hacking"} <= cap
+    # Tree-OPO (0.817 against GRPO's 0.950): brevity 0.41 -> 0.67 under a correctness flat at 0.375 by step 9, when
+    # brevity paid less than correctness (0.33 weighted): the rise is the rule
+    tree = [(f.detector, f.step) for f in replay_stored(runs["tree_opo", "tree_opo"])]
+    assert ("component_hacking", 9) in tree
     prorl = RewardHackingMonitor(correctness="last_integer")
     prorl.replay(runs["prorl", "prorl"]["steps"])
     assert [(f.detector, f.step) for f in prorl.findings] == [("prorl_reset", 11), ("prorl_reset", 21)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..registry import Registry
-from .group import group_advantages, trl_group
+from .group import GroupStats, group_advantages, group_stats, trl_group
 from .plan import plan_values
 from .rcc import rcc, rcc_advantages
 from .segment import segment_reward_advantages
@@ -53,6 +53,8 @@ __all__ = [
     "get_advantage",
     "list_advantages",
     "group_advantages",
+    "group_stats",
+    "GroupStats",
     "trl_group",
     "tree_token_advantages",
     "tree_estimator",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .group import group_stats
+
 
 def plan_values(outcomes: torch.Tensor, plan_ids: torch.Tensor) -> torch.Tensor:
     """For each row, the mean outcome of the rows that share its plan: r_plan(j) = (1/z)·Σ_k 1[answer_{j,k} correct].
@@ -21,11 +23,5 @@ def plan_values(outcomes: torch.Tensor, plan_ids: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"outcomes {tuple(outcomes.shape)} and plan_ids {tuple(plan_ids.shape)} must be equal 1-D shapes."
         )
-    _, inverse = torch.unique(plan_ids, return_inverse=True)  # (G,) plan index per row
-    scored = ~torch.isnan(outcomes)
-    num_plans = int(inverse.max()) + 1 if inverse.numel() else 0
-    sums = torch.zeros(num_plans, dtype=outcomes.dtype, device=outcomes.device)
-    counts = torch.zeros(num_plans, dtype=outcomes.dtype, device=outcomes.device)
-    sums.scatter_add_(0, inverse, torch.where(scored, outcomes, torch.zeros_like(outcomes)))
-    counts.scatter_add_(0, inverse, scored.to(outcomes.dtype))
-    return (sums / counts)[inverse]  # 0/0 = NaN for an all-NaN plan
+    stats = group_stats(outcomes, plan_ids)
+    return stats.rows(stats.mean)  # NaN for an all-NaN plan

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
+from .group import group_stats
 
 
 def rcc_advantages(rewards: torch.Tensor, seq_log_ratio: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -36,20 +37,15 @@ def rcc_advantages(rewards: torch.Tensor, seq_log_ratio: torch.Tensor, group_ids
 
 
 def _rcc(rewards, ratio, groups):
+    # Every statistic over the group's scored rows (`group_stats`): an unscored row's log-ratio is left out as well.
     scored = ~torch.isnan(rewards)
-    _, index = torch.unique(groups, return_inverse=True)
-    count = torch.zeros(int(index.max()) + 1 if index.numel() else 0, device=rewards.device)
-    count = count.index_add(0, index, scored.float()).clamp(min=1)
-
-    def group_mean(values):
-        sums = torch.zeros_like(count).index_add(0, index, torch.where(scored, values, torch.zeros_like(values)))
-        return (sums / count)[index]
-
-    r = torch.where(scored, rewards, torch.zeros_like(rewards))
-    d = torch.where(scored, ratio, torch.zeros_like(ratio))
-    mean_r, mean_d = group_mean(r), group_mean(d)
-    covariance = group_mean((r - mean_r) * (d - mean_d))
-    advantages = torch.where(scored, r - (mean_r + 2 * covariance), torch.zeros_like(r))
+    ratio = torch.where(scored, ratio, torch.nan)
+    stats = group_stats(rewards, groups)
+    mean_r = stats.rows(stats.mean)
+    mean_d = stats.rows(group_stats(ratio, groups).mean)
+    products = group_stats((rewards - mean_r) * (ratio - mean_d), groups)
+    covariance = products.rows(products.mean)  # population covariance; NaN for a group with no scored row
+    advantages = torch.nan_to_num(rewards - (mean_r + 2 * covariance), nan=0.0)
     return advantages, covariance
 
 
@@ -59,9 +55,9 @@ def rcc(batch: RolloutBatch) -> torch.Tensor:
     if batch.seq_log_ratio is None:
         raise RuntimeError("the rcc estimator needs batch.seq_log_ratio: use it through GRPOExtTrainer.")
     advantages, covariance = _rcc(batch.rewards.float(), batch.seq_log_ratio.float(), batch.group_ids)
-    per_group = covariance[:: batch.num_generations]
-    batch.metrics["rcc/covariance"] = per_group.mean().item()
-    batch.metrics["rcc/baseline_shift"] = (2 * per_group).abs().mean().item()
+    per_group = covariance[:: batch.num_generations]  # NaN for a group with no scored row: left out, as TRL's means
+    batch.metrics["rcc/covariance"] = per_group.nanmean().item()
+    batch.metrics["rcc/baseline_shift"] = (2 * per_group).abs().nanmean().item()
     batch.metrics["rcc/log_ratio"] = batch.seq_log_ratio.float().mean().item()
     return batch.local(advantages)
 

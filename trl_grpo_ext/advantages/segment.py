@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .group import _nanstd
+from .group import normalise
 
 SEGMENT_NORMALIZATIONS = ("group", "position", "none")
 
@@ -39,8 +39,8 @@ def segment_reward_advantages(
     - `"position"`: over the group's k-th segments only (row-aligned structures, where turn k of every row is
       comparable, e.g. a fixed plan / act / answer layout).
     - `"none"`: ŝ = s (rewards already centred, e.g. ±1).
-    A missing segment (NaN) adds nothing: its tokens get the outcome advantage alone. std is the sample std (TRL's);
-    a group with one scored segment has std 0 and so ŝ = 0.
+    A missing segment (NaN) adds nothing: its tokens get the outcome advantage alone. std is the sample std (TRL's,
+    `group_stats`); a group with one scored segment has ŝ = 0.
 
     Args:
         outcome_advantages: (N,) per-row outcome advantage (e.g. `group_advantages` of the outcome reward), or (N, T)
@@ -88,16 +88,11 @@ def segment_reward_advantages(
         )
 
     scores = segment_rewards.to(outcome_advantages.dtype)  # (N, S)
-    if normalize == "group":
-        pooled = scores.view(rows // num_generations, num_generations * num_segments)  # (N/G, G·S)
-        mean = torch.nanmean(pooled, dim=1, keepdim=True)
-        std = _nanstd(pooled, dim=1, keepdim=True)
-        normalised = ((pooled - mean) / (std + eps)).view(rows, num_segments)
-    elif normalize == "position":
-        grouped = scores.view(rows // num_generations, num_generations, num_segments)  # (N/G, G, S)
-        mean = torch.nanmean(grouped, dim=1, keepdim=True)
-        std = _nanstd(grouped, dim=1, keepdim=True)
-        normalised = ((grouped - mean) / (std + eps)).view(rows, num_segments)
+    if normalize in ("group", "position"):
+        group = (torch.arange(rows, device=scores.device) // num_generations).unsqueeze(1).expand(rows, num_segments)
+        if normalize == "position":  # the group's k-th segments only
+            group = group * num_segments + torch.arange(num_segments, device=scores.device)
+        normalised = normalise(scores.reshape(-1), group.reshape(-1), "group", eps).view(rows, num_segments)
     else:
         normalised = scores
     normalised = torch.nan_to_num(normalised, nan=0.0)  # (N, S): missing segments add nothing

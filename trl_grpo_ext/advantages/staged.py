@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .group import normalise
+
 __all__ = ["staged_advantages", "sae_project", "tree_order_pairs", "constraint_satisfaction"]
 
 
@@ -29,7 +31,8 @@ def staged_advantages(
     """(r - alpha * V) minus its mean within each group id; no division by the std.
 
     Args:
-        rewards: (N,) the completions' rewards.
+        rewards: (N,) the completions' rewards; NaN rows (unscorable) are left out of their group's mean and get 0, as
+            in TRL (`group_stats`).
         values: (N,) V(p) of the prefix each completion started from (in [0, 1] for a binary reward).
         group_ids: (N,) integer group of each row (any labels; rows of a group need not be contiguous).
         alpha: weight of the prefix value (the paper's 0.5; 0 gives plain mean-centred rewards, Dr. GRPO's).
@@ -44,21 +47,15 @@ def staged_advantages(
             f"rewards, values and group_ids must all have N entries; got {rewards.numel()}, {values.numel()} and "
             f"{group_ids.numel()}."
         )
-    staged = rewards - alpha * values.to(rewards)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    sums = torch.zeros(groups, dtype=staged.dtype, device=staged.device).index_add_(0, inverse, staged)
-    counts = torch.zeros(groups, dtype=staged.dtype, device=staged.device).index_add_(
-        0, inverse, torch.ones_like(staged)
-    )
-    return staged - (sums / counts)[inverse]
+    return normalise(rewards - alpha * values.to(rewards), group_ids, scale="none")
 
 
 def sae_project(r0: torch.Tensor, order_pairs, delta: float = 0.0, mode: str = "soft") -> torch.Tensor:
     """The advantages a closest to `r0` with sum(a) = 0, ||a||^2 <= N (soft) or = N (hard), a_i + delta <= a_j.
 
     Args:
-        r0: (N,) the mean-centred rewards of one group (it is centred again here; the sum constraint needs it).
+        r0: (N,) the mean-centred rewards of one group (it is centred again here; the sum constraint needs it). NaN
+            rows (unscorable) are left out of the projection, of the sum and of N, and get 0; no pair may name them.
         order_pairs: (M, 2) pairs (i, j) of row indices, meaning a_i + delta <= a_j (a list of pairs, an array or a
             long tensor; empty for none).
         delta: the margin of every ordering constraint (>= 0).
@@ -84,6 +81,22 @@ def sae_project(r0: torch.Tensor, order_pairs, delta: float = 0.0, mode: str = "
     if delta < 0:
         raise ValueError(f"delta={delta!r} must be >= 0 (the margin in a_i + delta <= a_j).")
     r0_t = _as_rows(r0, "r0")
+    scored = ~torch.isnan(r0_t)
+    if not bool(scored.all()):  # project the scored rows alone
+        keep = scored.nonzero().flatten().tolist()
+        where = {row: k for k, row in enumerate(keep)}
+        pairs = np.asarray(order_pairs.cpu() if isinstance(order_pairs, torch.Tensor) else order_pairs, dtype=np.int64)
+        unscored = sorted({int(i) for i in pairs.reshape(-1) if int(i) not in where})
+        if unscored:
+            raise ValueError(
+                f"order_pairs name rows {unscored}, whose r0 is NaN (unscored): leave them out of the pairs (an "
+                "unscored row is ordered against nothing)."
+            )
+        out = torch.zeros_like(r0_t)
+        if keep:
+            sub = [(where[int(i)], where[int(j)]) for i, j in pairs.reshape(-1, 2)]
+            out[keep] = sae_project(r0_t[keep], sub, delta=delta, mode=mode)
+        return out
     y = r0_t.detach().double().cpu().numpy()
     n = y.size
     if n == 0:

@@ -55,16 +55,17 @@ class DraftConfig:
 
     draft_source (`str`, *optional*):
         Where drafts come from: `"column"` (the dataset column `draft_column`), `"model"` (a second model,
-        `draft_model`, generating `draft_num` drafts per problem on refine batches) or `"self"` (the policy: its
-        earlier completions of the problem, kept in the store, and `draft_num` fresh drafts per problem on refine
-        batches). None switches drafts off.
+        `draft_model`, generating `draft_num` drafts per problem of each group that refines) or `"self"` (the
+        policy: its earlier completions of the problem, kept in the store, and `draft_num` fresh drafts per problem
+        of each group that refines). None switches drafts off.
     draft_column (`str`, *optional*, defaults to `"draft"`):
         With `draft_source="column"`: the dataset column holding each problem's draft (a string, or a list of them).
     draft_model (`str`, *optional*):
         With `draft_source="model"`: the draft model's path or Hub id. It must share the policy's tokenizer (drafts
         are generated from the policy's prompt token ids); it is frozen and never trained.
     draft_num (`int`, *optional*, defaults to `1`):
-        Drafts generated per problem on each refine batch (`model`: at least 1; `self`: 0 uses the store only).
+        Drafts generated per problem of each group that refines (`model`: at least 1; `self`: 0 uses the store
+        only).
     draft_max_new_tokens (`int`, *optional*):
         The most tokens a generated draft has. Default: `max_completion_length`.
     draft_temperature (`float`, *optional*, defaults to `1.0`), draft_top_p (`float`, *optional*, defaults to `1.0`):
@@ -112,7 +113,7 @@ class DraftConfig:
     )
     draft_column: str = field(default="draft", metadata={"help": "draft_source='column': the drafts' column."})
     draft_model: str | None = field(default=None, metadata={"help": "draft_source='model': the draft model."})
-    draft_num: int = field(default=1, metadata={"help": "Drafts generated per problem on refine batches."})
+    draft_num: int = field(default=1, metadata={"help": "Drafts generated per problem of each refining group."})
     draft_max_new_tokens: int | None = field(
         default=None, metadata={"help": "The most tokens of a generated draft (default max_completion_length)."}
     )
@@ -244,8 +245,9 @@ def choose_drafts(keys: list[str], pool: list[Draft], *, match: str = "matched",
 
     Candidates are the pool's drafts of the same problem (`matched`) or of any other one (`mismatched`: never a draft
     whose key is the row's), filtered by `keep` (`wrong` / `correct`: by the draft's `correct` on its own problem,
-    unscored drafts left out; `best`: `best_of` drawn at random, the highest `score` first); they are tried in random
-    order and kept when `accept(row, index)` (default: always) is true.
+    unscored drafts left out; `best`: `best_of` drawn at random, the highest `score` first, unscored ones (score None
+    or NaN) after every scored one); they are tried in random order and kept when `accept(row, index)` (default:
+    always) is true.
 
     >>> pool = [Draft("a", "1", 0.0, False), Draft("b", "2", 1.0, True), Draft("b", "3", 0.0, False)]
     >>> choose_drafts(["a", "b"], pool, match="mismatched", keep="wrong")
@@ -262,8 +264,8 @@ def choose_drafts(keys: list[str], pool: list[Draft], *, match: str = "matched",
         elif keep == "correct":
             candidates = [i for i in candidates if pool[i].correct is True]
         order = [candidates[k] for k in torch.randperm(len(candidates), generator=generator).tolist()]
-        if keep == "best":
-            order = sorted(order[:best_of], key=lambda i: -math.inf if pool[i].score is None else -pool[i].score)
+        if keep == "best":  # the highest score first; unscored drafts (None or NaN) after every scored one
+            order = sorted(order[:best_of], key=lambda i: (1, 0.0) if _unscored(pool[i]) else (0, -pool[i].score))
         picked = []
         for i in order:
             if accept is None or accept(row, i):
@@ -272,6 +274,10 @@ def choose_drafts(keys: list[str], pool: list[Draft], *, match: str = "matched",
                     break
         chosen.append(picked)
     return chosen
+
+
+def _unscored(draft: Draft) -> bool:
+    return draft.score is None or math.isnan(draft.score)
 
 
 def ngram_overlap(text: str, reference: str, n: int = 4) -> float:
@@ -442,7 +448,7 @@ class Drafts(Extension):
     shown that were correct for the row's problem), `drafts/improvement_rate` (refined rows scoring above every draft
     they were shown), `drafts/copy_rate` (refined rows that copy a draft), `drafts/missing` (groups chosen to refine
     that no draft qualified for: they solve instead), `drafts/store_problems`, `drafts/generated_tokens` (draft tokens
-    generated for the batch, by the policy or the draft model).
+    generated for the batch, by the policy or the draft model: only for the groups that refine).
     """
 
     name = "drafts"
@@ -551,13 +557,13 @@ class Drafts(Extension):
         self._generated = 0
         starts = list(range(0, len(plan.rows), g))
         keys = [problem_key(plan.rows[s], self.key_column) for s in starts]
-        refining = self._refining(len(starts))
-        self._collect(plan, starts, keys, refine_batch=self.mode != "alternate" or refining[0])
+        refining = self._refining(len(starts))  # every process's groups, drawn alike on every process
+        first = self.trainer.accelerator.process_index * len(starts)
+        self._collect(plan, starts, keys, refining)
         pool = self.store.pool()
         # Drafts are chosen for the groups of every process, in row order, from the store every process shares and
         # with one generator, and each process keeps its own groups' (groups are whole on a process): the choice of
         # one process holding the whole batch, and a generator state that is every process's.
-        first = self.trainer.accelerator.process_index * len(starts)
         all_keys, all_rows = gather_object(keys), gather_object([plan.rows[s] for s in starts])
         targets = [k for k, r in enumerate(refining) if r]
         verdicts = {}
@@ -599,10 +605,16 @@ class Drafts(Extension):
         plan.note("draft_key", [keys[r // g] for r in range(len(plan.rows))])
         self._missing = (missing, len(starts))
 
-    def _collect(self, plan, starts: list[int], keys: list[str], refine_batch: bool) -> None:
-        """Put this batch's drafts into the store: the column's, or `draft_num` generated per problem."""
-        rows = [plan.rows[s] for s in starts]
+    def _collect(self, plan, starts: list[int], keys: list[str], refining: list[bool]) -> None:
+        """Put this batch's drafts into the store: the column's, or `draft_num` generated per problem of each group
+        that refines (`refining`: every process's groups), and none when no group does.
+
+        Generation is collective (vLLM server mode, sharded parameters: see `GRPOExtTrainer._generate_single_turn`),
+        and `refining` is every process's: each process knows whether any group refines, so all of them generate, or
+        none does; a process with fewer refining groups than another pads its call with groups whose drafts are
+        thrown away (and not counted in `drafts/generated_tokens`)."""
         if self.source == "column":
+            rows = [plan.rows[s] for s in starts]
             texts = []
             for row in rows:
                 value = row.get(self.column)
@@ -613,11 +625,16 @@ class Drafts(Extension):
                     )
                 value = [] if value is None else [value] if isinstance(value, str) else list(value)
                 texts.append([t for t in value if isinstance(t, str) and t.strip()])
-        elif not refine_batch or self.num == 0:
+            self._add(rows, keys, texts)
             return
-        else:
-            texts = self._write_drafts(plan, starts)
-        self._add(rows, keys, texts)
+        if self.num == 0 or not any(refining):
+            return
+        first = self.trainer.accelerator.process_index * len(starts)
+        mine = [k for k in range(len(starts)) if refining[first + k]]
+        most = max(sum(refining[p : p + len(starts)]) for p in range(0, len(refining), len(starts)))
+        pad = most - len(mine) if self.draft_model is None and self.trainer.accelerator.num_processes > 1 else 0
+        texts = self._write_drafts(plan, [starts[k] for k in mine], pad=pad)
+        self._add([plan.rows[starts[k]] for k in mine], [keys[k] for k in mine], texts)
 
     def _add(self, rows: list[dict], keys: list[str], texts: list[list[str]]) -> None:
         texts = [[self._cut(t) for t in group] for group in texts]
@@ -637,17 +654,20 @@ class Drafts(Extension):
         ids = self.trainer.tokenizer(text, add_special_tokens=False)["input_ids"]
         return text if len(ids) <= limit else self.trainer.tokenizer.decode(ids[:limit], skip_special_tokens=True)
 
-    def _write_drafts(self, plan, starts: list[int]) -> list[list[str]]:
-        """`draft_num` drafts per problem, by the draft model or the policy (TRL's generation, vLLM included)."""
+    def _write_drafts(self, plan, starts: list[int], pad: int = 0) -> list[list[str]]:
+        """`draft_num` drafts per problem (the groups starting at `starts`), by the draft model or the policy (TRL's
+        generation, vLLM included); `pad` more groups of the batch's first row take part in the policy's call, their
+        drafts thrown away."""
         trainer, n = self.trainer, self.num
         cap = self.max_new_tokens or trainer.args.max_completion_length
-        rows = [s for s in starts for _ in range(n)]
+        rows = [s for s in [*starts, *[0] * pad] for _ in range(n)]
         prompts = [plan.rows[s]["prompt"] for s in rows]
         if self.draft_model is None:
             ids, _ = trainer.generate_stage(prompts, plan.select(rows), num_generations=n, max_new_tokens=cap,
                                             rows=rows)  # fmt: skip
         else:
-            ids = self._model_generate(trainer.tokenize_prompts(prompts, rows=rows), cap)
+            ids = self._model_generate(trainer.tokenize_prompts(prompts, rows=rows), cap) if rows else []
+        ids = ids[: len(starts) * n]
         self._generated += sum(len(row) for row in ids)
         texts = trainer.tokenizer.batch_decode(ids, skip_special_tokens=True)
         return [[t for t in texts[k * n : (k + 1) * n] if t.strip()] for k in range(len(starts))]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..advantages.group import group_stats
 from ..extension import Extension, Method, TrainerInputs, register_method
 
 logger = logging.getLogger(__name__)
@@ -27,16 +28,14 @@ CORRECTNESS_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward")
 
 
 def varied_groups(values: torch.Tensor, num_generations: int, tol: float = 1e-6) -> torch.Tensor:
-    """(N / G,) bool: True for the groups whose values are not all equal (NaN rows, unscorable, are ignored).
+    """(N / G,) bool: True for the groups whose scored values are not all equal (NaN rows, unscorable, are left out:
+    a group whose scored rows agree is flat, as is one with fewer than two scored rows).
 
     >>> varied_groups(torch.tensor([1.0, 1.0, 0.0, 0.5, 0.5, 0.5]), 3).tolist()
     [True, False]
     """
-    grouped = values.view(-1, num_generations)  # (N/G, G)
-    scored = ~torch.isnan(grouped)
-    high = torch.where(scored, grouped, torch.full_like(grouped, -torch.inf)).amax(dim=1)
-    low = torch.where(scored, grouped, torch.full_like(grouped, torch.inf)).amin(dim=1)
-    return (high - low) > tol  # a group with fewer than two scored rows has high - low <= 0 or NaN: dropped
+    stats = group_stats(values, num_generations)
+    return (stats.high - stats.low) > tol  # a group with fewer than two scored rows: 0 or NaN, flat
 
 
 @dataclass

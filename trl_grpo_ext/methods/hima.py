@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import gather_object
 
+from ..advantages.group import SCALES, group_stats, normalise
 from ..extension import Extension, Method, TrainerInputs, register_method
 from ..registry import _import_path
 from ..rewards import register_reward
@@ -190,33 +191,31 @@ class Hierarchy:
 
 
 # ---------------------------------------------------------------------------------------------- node groups
-def node_group_advantages(rewards: torch.Tensor, groups: torch.Tensor, scale: bool = True) -> torch.Tensor:
-    """Advantages normalised within each node's group: (r − mean_g) / (std_g + 1e-4) (unbiased std, as TRL), or
-    r − mean_g with `scale=False`. `groups` (N,) long: the node group of each row; a group of one gets 0."""
-    out = torch.zeros_like(rewards, dtype=torch.float)
-    for g in groups.unique():
-        rows = groups == g
-        values = rewards[rows].float()
-        if values.numel() < 2:
-            continue
-        centred = values - values.mean()
-        out[rows] = centred / (values.std() + 1e-4) if scale else centred
-    return out
+def node_group_advantages(rewards: torch.Tensor, groups: torch.Tensor, scale: str = "group") -> torch.Tensor:
+    """Advantages normalised within each node's group, as TRL's `scale_rewards`: r − mean_g, divided by the group's
+    std + 1e-4 (`"group"`, unbiased, as TRL), by the std of the whole batch's rewards + 1e-4 (`"batch"`: centred per
+    node group, scaled over every row of `rewards`), or not at all (`"none"`). `groups` (N,) long: the node group of
+    each row; a group of one gets 0. NaN rows (unscorable) are left out of every mean and std and get 0, as in TRL.
+    `scale=True` / `False` read as `"group"` / `"none"`."""
+    if isinstance(scale, bool):
+        scale = "group" if scale else "none"
+    if scale not in SCALES:
+        raise ValueError(f"scale_rewards={scale!r} is not one of {', '.join(map(repr, SCALES))} (TRL's values).")
+    return normalise(rewards.float(), groups, scale)
 
 
 def select_node_groups(rewards: torch.Tensor, groups: torch.Tensor, k: int | str = "all") -> list[int]:
-    """The node groups to update: the `k` with the largest reward variance (unbiased; ties by group id), or all
-    with `k="all"`; groups whose rewards do not vary are never kept (they carry no signal). Sorted by id."""
-    ids = [int(g) for g in groups.unique()]
-    variance = {}
-    for g in ids:
-        values = rewards[groups == g].float()
-        variance[g] = float(values.var()) if values.numel() > 1 else 0.0
+    """The node groups to update: the `k` with the largest reward variance (unbiased, over the group's scored rows;
+    ties by group id), or all with `k="all"`; groups whose scored rewards do not vary (or that have fewer than two
+    scored rows) are never kept (they carry no signal). Sorted by id."""
+    if k != "all" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"hima_top_k={k!r} must be a whole number >= 1 or 'all'.")
+    ids = [int(g) for g in groups.unique()]  # sorted: the order of `group_stats`'s groups
+    stats = group_stats(rewards.float(), groups)
+    variance = dict(zip(ids, torch.nan_to_num(stats.std**2, nan=0.0).tolist(), strict=True))
     varying = [g for g in ids if variance[g] > 0]
     if k == "all":
         return varying
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"hima_top_k={k!r} must be a whole number >= 1 or 'all'.")
     ranked = sorted(varying, key=lambda g: (-variance[g], g))
     return sorted(ranked[:k])
 
@@ -732,7 +731,7 @@ class HiMA(Extension):
         if batch.mode != "train" or len(self._owners) != batch.num_scored:
             return
         g = self.alternatives
-        rewards = torch.nan_to_num(batch.rewards.float().cpu(), nan=0.0)
+        rewards = batch.rewards.float().cpu()  # NaN: unscorable, left out of every node group's statistics
         groups = torch.arange(rewards.numel()) // g
         slots = batch.num_generations // g
         selected = []
@@ -740,7 +739,8 @@ class HiMA(Extension):
             mine = (groups >= start) & (groups < start + slots)
             selected += select_node_groups(rewards[mine], groups[mine], self.top_k)
         keep = torch.isin(groups, torch.tensor(selected, dtype=torch.long))
-        advantages = node_group_advantages(rewards, groups, scale=self.trainer.args.scale_rewards != "none")
+        # TRL's three `scale_rewards` values: "batch" centres per node group and divides by the whole batch's std.
+        advantages = node_group_advantages(rewards, groups, scale=self.trainer.args.scale_rewards)
         batch.set_advantages(batch.local(advantages), source="HiMA")
         batch.drop_rows(batch.local(~keep))
         total = int(groups.max()) + 1
@@ -757,15 +757,18 @@ class HiMA(Extension):
             return
         names = batch.reward_func_names
         weights = batch.reward_weights.float().cpu()
-        per_func = torch.nan_to_num(batch.rewards_per_func.float().cpu(), nan=0.0) * weights
         keep = [i for i, n in enumerate(names) if n != "hima_efficiency"]
-        outcome = per_func[:, keep].sum(dim=1)  # (N,)
+        per_func = batch.rewards_per_func.float().cpu()[:, keep] * weights[keep]
+        outcome = per_func.nansum(dim=1)  # (N,) TRL's rule: NaN only where every function returned None
+        outcome[torch.isnan(per_func).all(dim=1)] = torch.nan
         # Every process's stores observe every process's systems, in row order: they stay one store, as on one
         # process (what is retrieved into the next prompts, and what a checkpoint saves from the main process).
         seen = gather_object([[(call.agent, system.question, system.answer or call.text) for call in system.calls
                                if call.agent in self.memories] for system in self._systems])  # fmt: skip
         decisions = {"add": 0, "update": 0, "delete": 0, "keep": 0}
         for calls, value in zip(seen, outcome.tolist(), strict=True):
+            if math.isnan(value):  # unscorable: no evidence for or against what the agents remembered
+                continue
             for agent, question, content in calls:
                 decisions[self.memories[agent].observe(question, content, value, step=batch.step)] += 1
         for key, count in decisions.items():

@@ -292,8 +292,10 @@ def detect(history: History, th: Thresholds, correctness: str | None, format_lik
         key = f"rewards/{name}/mean"
         if c_ready and history.has(key, ready):
             start, now = trend(key)
-            pays = weights.get(name, 1.0) * now >= weights.get(correctness, 1.0) * c_now  # looking correct pays more
-            if now - start >= th.hacking_rise and c_flat and pays:
+            # The rule is the rise while correctness is flat, whatever either pays: a term that climbs from 0.1 to
+            # 0.6 under a flat 0.7 correctness is what the advantages now rank (issue 32). The weighted pay of both
+            # is evidence, not a condition.
+            if now - start >= th.hacking_rise and c_flat:
                 a, b = history.steps(key)
                 add("component_hacking", f"{key} rose {_f(start)} -> {_f(now)} over steps {a}-{b} while {c_text} "
                     f"({'fallen from its best' if c_fell else f'change {_f(c_now - c_start)}, flat within {th.flat}'}); weighted, it pays {_f(weights.get(name, 1.0) * now)} "

@@ -39,6 +39,7 @@ import torch
 from accelerate.utils import gather, gather_object
 from transformers import TrainerCallback
 
+from ..advantages.group import SCALES, group_stats, normalise
 from ..extension import Extension, Method, TrainerInputs, register_method
 from ..registry import _import_path
 from ..rewards import completion_text, register_reward
@@ -207,18 +208,11 @@ register_reward("trajectory", trajectory_reward, factory=True)
 # ---------------------------------------------------------------------------------------- difficulty bias
 def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
     """TRL's group advantages: r − group mean, divided by the group's std (`"group"`, unbiased, + 1e-4), the batch's
-    std (`"batch"`) or nothing (`"none"`, Dr. GRPO)."""
-    grouped = rewards.view(-1, num_generations)
-    centred = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
-    if scale_rewards == "none":
-        return centred
-    if scale_rewards == "group":
-        std = grouped.std(dim=1).repeat_interleave(num_generations)
-    elif scale_rewards == "batch":
-        std = rewards.std().expand_as(rewards)
-    else:
+    std (`"batch"`) or nothing (`"none"`, Dr. GRPO). NaN rows (unscorable) are left out of every mean and std and get
+    0, as in TRL (`trl_grpo_ext.advantages.group_stats`)."""
+    if scale_rewards not in SCALES:
         raise ValueError(f"scale_rewards={scale_rewards!r} must be 'group', 'batch' or 'none'.")
-    return centred / (std + 1e-4)
+    return normalise(rewards, num_generations, scale_rewards)
 
 
 def bucket_names(edges) -> list[str]:
@@ -241,17 +235,21 @@ def difficulty_stats(rewards: torch.Tensor, num_generations: int, labels: list[s
     """Per group and per bucket, how much advantage each normalisation gives.
 
     Args:
-        rewards: (N,) rewards, groups contiguous. labels: each group's bucket. names: the buckets, in order.
+        rewards: (N,) rewards, groups contiguous; NaN rows (unscorable) are left out of every group statistic (the
+            mean and std, and the mean |advantage|), as TRL leaves them out of its baseline.
+        labels: each group's bucket. names: the buckets, in order.
         advantages: name -> (N,) advantages (e.g. {"group": ..., "none": ...}).
 
     Returns {"std": [G], "mean": [G], "mean_abs": {name: [G]}, "mass": {name: {bucket: share of Σ|A|}},
-    "groups": {bucket: share of groups}}.
+    "groups": {bucket: share of groups}}. A group's std is NaN with fewer than two scored rows (TRL's `nanstd`).
     """
-    grouped = rewards.view(-1, num_generations)
-    out = {"std": grouped.std(dim=1).tolist(), "mean": grouped.mean(dim=1).tolist(), "mean_abs": {}, "mass": {}}
+    stats = group_stats(rewards, num_generations)
+    scored = ~torch.isnan(rewards.reshape(-1))
+    out = {"std": stats.std.tolist(), "mean": stats.mean.tolist(), "mean_abs": {}, "mass": {}}
     out["groups"] = {b: labels.count(b) / len(labels) for b in names}
     for key, adv in advantages.items():
-        per_group = adv.abs().view(-1, num_generations).mean(dim=1)
+        per_group = group_stats(torch.where(scored, adv.abs().float(), torch.nan), num_generations).mean
+        per_group = torch.nan_to_num(per_group, nan=0.0)  # a group with no scored row carries no advantage
         out["mean_abs"][key] = per_group.tolist()
         total = float(per_group.sum())
         out["mass"][key] = {b: (sum(float(v) for v, lab in zip(per_group, labels, strict=True) if lab == b) / total
@@ -299,21 +297,31 @@ class DifficultyBiasDiagnostic(Extension, TrainerCallback):
         g = batch.num_generations
         # Every group of the batch, on every process (groups may be split between processes): each process logs and
         # keeps the same numbers, those of one process holding the whole batch.
-        group_rewards = torch.nan_to_num(batch.rewards.float().cpu(), nan=0.0)  # (N,)
+        # NaN rewards (every reward function returned None) are unscorable: left out of each group's statistics, as
+        # TRL leaves them out of its baseline; a group with no scored row is left out of the diagnostic.
+        group_rewards = batch.rewards.float().cpu()  # (N,)
         adv = batch.current_advantages[: batch.num_scored].float()
         if adv.dim() == 2:
             mask = batch.loss_mask[: batch.num_scored].float()
             adv = (adv * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
         adv = gather(adv).cpu()  # (N,)
+        values = None
+        if self.by != "reward":
+            values = batch.columns.get(self.by)
+            values = None if values is None else gather_object(list(values[: batch.num_scored]))  # (N,)
+        scored = group_stats(group_rewards, g).count > 0  # (N/G,)
+        if not bool(scored.any()):
+            return
+        rows = scored.repeat_interleave(g)
+        group_rewards, adv = group_rewards[rows], adv[rows]
         advantages = {"loss": adv, "scaled": group_advantages(group_rewards, g, "group"),
                       "unscaled": group_advantages(group_rewards, g, "none")}  # fmt: skip
-        means = group_rewards.view(-1, g).mean(dim=1).tolist()
+        means = group_stats(group_rewards, g).mean.tolist()
         if self.by == "reward":
             labels, names = bucket_by_reward(means, self.edges), bucket_names(self.edges)
         else:
-            values = batch.columns.get(self.by)
-            values = None if values is None else gather_object(list(values[: batch.num_scored]))  # (N,)
-            labels = ["?"] * len(means) if values is None else [str(v) for v in values[::g]]
+            firsts = [v for v, keep in zip(values[::g], scored.tolist(), strict=True) if keep] if values else None
+            labels = ["?"] * len(means) if firsts is None else [str(v) for v in firsts]
             names = sorted(set(labels))
         stats = difficulty_stats(group_rewards, g, labels, names, advantages)
         for bucket in names:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..advantages import plan_values, tree_token_advantages, trl_group
+from ..advantages import group_stats, plan_values, tree_token_advantages, trl_group
 from ..extension import Extension, Method, TrainerInputs, register_method
 from ..rewards.guard import check_reward_name
 from ..rollout import Rollout, RolloutPlan
@@ -152,17 +152,16 @@ class PlanValueReward:
 
 
 def _normalise_across_plans(values, plan_ids, groups):
-    # One value per plan, standardised among the plans of the same prompt (sample std), then back to the rows.
+    # One value per plan, standardised among the plans of the same prompt (sample std), then back to the rows. A plan
+    # with no scored row (value NaN) is left out of its prompt's mean and std, and stays NaN (unscored).
     _, inverse = torch.unique(plan_ids, return_inverse=True)  # (B,) plan index
     first = torch.full((int(inverse.max()) + 1,), values.numel()).scatter_reduce_(
         0, inverse, torch.arange(values.numel()), reduce="amin"
     )  # (P,) a row of each plan
     per_plan, per_plan_group = values[first], groups[first]  # (P,)
-    _, group = torch.unique(per_plan_group, return_inverse=True)  # (P,)
-    count = torch.zeros(int(group.max()) + 1).scatter_add_(0, group, torch.ones_like(per_plan))
-    mean = torch.zeros_like(count).scatter_add_(0, group, per_plan) / count
-    var = torch.zeros_like(count).scatter_add_(0, group, (per_plan - mean[group]) ** 2) / (count - 1).clamp(min=1)
-    return ((per_plan - mean[group]) / (var.sqrt()[group] + 1e-4))[inverse]
+    stats = group_stats(per_plan, per_plan_group)
+    std = torch.nan_to_num(stats.rows(stats.std), nan=0.0)  # one scored plan: centred to 0, as before
+    return ((per_plan - stats.rows(stats.mean)) / (std + 1e-4))[inverse]
 
 
 class PTA(Extension):

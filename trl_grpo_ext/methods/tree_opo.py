@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..advantages import constraint_satisfaction, sae_project, staged_advantages, tree_order_pairs
+from ..advantages import constraint_satisfaction, group_stats, sae_project, staged_advantages, tree_order_pairs
 from ..extension import Extension, Method, TrainerInputs, register_method
 from ..rollout import RolloutPlan
 
@@ -260,7 +260,7 @@ class TreeOPO(Extension):
         if batch.mode != "train" or NOTE not in batch.notes:
             return
         nodes = batch.notes[NOTE]
-        rewards = torch.nan_to_num(batch.local(batch.rewards).float().cpu(), nan=0.0)
+        rewards = batch.local(batch.rewards).float().cpu()  # NaN: unscorable, left out of every group statistic
         values = torch.tensor([self.trees[q].nodes[n].values[self.value] for q, n in nodes])
         g = batch.num_generations
         groups = torch.arange(len(nodes)) // g
@@ -269,7 +269,8 @@ class TreeOPO(Extension):
         for start in range(0, len(nodes), g):
             rows = slice(start, start + g)
             r, v = rewards[rows], values[rows]
-            r0 = r - r.mean()
+            stats = group_stats(r, g)
+            r0 = r - stats.mean  # NaN on unscored rows: they are in no pair, and SAE leaves them out (advantage 0)
             pairs = self.order_pairs(nodes[rows], r, v)
             if self.advantage == "staged":
                 a = staged_advantages(r, v, groups[rows], alpha=self.alpha)
