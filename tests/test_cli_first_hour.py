@@ -45,6 +45,13 @@ def test_every_named_trainer_alone_fits_the_real_model_task(name, steps):
         assert run.args.budget_decays == (1 if steps == "2" else 2)
 
 
+def test_presets_stay_off_a_run_on_your_own_data():
+    args = parse_train(
+        ["--trainer", "curriculum", "--dataset_name", "trl-lib/DeepMath-103K", "--max_steps", "600"]
+    ).args
+    assert (args.budget_start, args.budget_decays, args.max_completion_length) == (None, 3, 512)  # the paper's, TRL's
+
+
 def test_pta_plans_fit_any_group_size():
     for generations, (plans, continuations) in {4: (2, 2), 6: (2, 3), 8: (2, 4), 9: (3, 3), 7: (1, 7)}.items():
         args = parse_train(["--trainer", "pta", "--tiny", "--num_generations", str(generations),
