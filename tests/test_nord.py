@@ -131,3 +131,15 @@ def test_tiny_vlm_trains_on_rendered_scenes(tmp_path):
     assert visual and visual <= changed
     assert len(changed) == len(before)
     assert any("difficulty/mass_hard_unscaled" in entry for entry in trainer.state.log_history)
+
+
+def test_difficulty_record_is_strict_json():
+    """A group with one scored row has no std (NaN, as TRL's nanstd): the record writes it as null."""
+    import json
+
+    from trl_grpo_ext.methods.nord import _json_safe
+
+    groups = [{"std": float("nan"), "mean": 0.5, "rows": [1.0, float("inf")]}]
+    assert json.loads(json.dumps(_json_safe(groups), allow_nan=False)) == [
+        {"std": None, "mean": 0.5, "rows": [1.0, None]}
+    ]

@@ -257,6 +257,18 @@ def difficulty_stats(rewards: torch.Tensor, num_generations: int, labels: list[s
     return out
 
 
+def _json_safe(value):
+    """`value` with NaN and infinities as None (null): a group with fewer than two scored rows has no std, and strict
+    JSON has no NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 class DifficultyBiasDiagnostic(Extension, TrainerCallback):
     """Logs, each step, how the run's reward scaling spreads advantage over groups of different difficulty.
 
@@ -338,8 +350,8 @@ class DifficultyBiasDiagnostic(Extension, TrainerCallback):
             return
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "difficulty_bias.json").write_text(json.dumps({"edges": self.edges, "by": self.by,
-                                                              "groups": self.groups}))  # fmt: skip
+        record = {"edges": self.edges, "by": self.by, "groups": _json_safe(self.groups)}
+        (out / "difficulty_bias.json").write_text(json.dumps(record, allow_nan=False))
         if self.plot:
             plot_difficulty(self.groups, out / "difficulty_bias.png")
 
