@@ -1,12 +1,15 @@
 """Tools never hang or crash a run: the built-in calculator bounds its own work, and `time_limited` (the config's
 `tool_timeout`) stops any tool's call at its limit, with one error message to the model."""
 
+import asyncio
+import inspect
 import multiprocessing
+import subprocess
 import time
 
 import pytest
 
-from trl_grpo_ext.tools import MAX_DIGITS, calculator
+from trl_grpo_ext.tools import MAX_DIGITS, ToolTimeoutError, calculator, time_limited, with_time_limit
 
 
 def bounded(seconds, func, *args):
@@ -82,3 +85,180 @@ def test_calculator_refuses_bad_expressions_with_a_message(expression, words):
     assert status == "error" and isinstance(error, ValueError), (status, error)
     assert words in str(error), error
     assert elapsed < 1.0, elapsed
+
+
+# ---------------------------------------------------------------------------------------------------- time limits
+def sleeps(seconds: float) -> str:
+    """Sleep, then say so.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+def loops(n: int) -> str:
+    """Loop forever.
+
+    Args:
+        n: Ignored.
+    """
+    while True:
+        pass
+
+
+def fails(text: str) -> str:
+    """Raise.
+
+    Args:
+        text: The error's message.
+    """
+    raise ValueError(text)
+
+
+LIMIT = 0.5
+SLACK = 1.0  # the process start, the kill and a loaded machine
+
+
+@pytest.mark.parametrize(("tool", "argument"), [(sleeps, 10**6), (loops, 0)], ids=["sleeps", "loops"])
+def test_a_call_past_the_limit_costs_one_error(tool, argument):
+    limited = time_limited(tool, seconds=LIMIT)
+    start = time.perf_counter()
+    with pytest.raises(ToolTimeoutError) as info:
+        limited(argument)
+    elapsed = time.perf_counter() - start
+    assert LIMIT <= elapsed < LIMIT + SLACK, elapsed
+    assert str(info.value) == f"tool {tool.__name__!r} did not finish within 0.5 s; the call was stopped"
+    assert not multiprocessing.active_children()  # the call's process is gone
+    assert limited(0) if tool is sleeps else True  # the next call runs as usual
+
+
+def test_results_and_the_tools_own_errors_come_back_as_they_are():
+    limited = time_limited(sleeps, seconds=5)
+    assert limited(0) == "slept 0" and limited(seconds=0.01) == "slept 0.01"
+    with pytest.raises(ValueError, match="^bad input$"):
+        time_limited(fails, seconds=5)("bad input")
+
+    class Odd(Exception):  # cannot be pickled back (a local class): its message still reaches the model
+        pass
+
+    def odd(text: str):
+        raise Odd(text)
+
+    with pytest.raises(RuntimeError, match="^the message$"):
+        time_limited(odd, seconds=5)("the message")
+    with pytest.raises(RuntimeError, match="result could not be sent back"):
+        time_limited(lambda: lambda: 0, seconds=5)()  # an unpicklable result
+
+
+def test_the_wrapper_keeps_the_tools_schema():
+    from transformers.utils import get_json_schema
+
+    for tool in (sleeps, loops, calculator):
+        limited = time_limited(tool, seconds=3)
+        assert limited.__name__ == tool.__name__ and limited.__doc__ == tool.__doc__
+        assert inspect.signature(limited) == inspect.signature(tool)
+        assert get_json_schema(limited) == get_json_schema(tool)
+
+    @time_limited(seconds=2)
+    def decorated(a: int, b: int = 1) -> int:
+        """Add.
+
+        Args:
+            a: The first.
+            b: The second.
+        """
+        return a + b
+
+    assert decorated(2) == 3 and decorated.time_limit == 2
+    assert get_json_schema(decorated)["function"]["parameters"]["required"] == ["a"]
+    again = time_limited(decorated, seconds=1)  # a new limit replaces the old one: still one process per call
+    assert again.time_limit == 1 and again.__wrapped_tool__ is decorated.__wrapped_tool__
+
+
+def test_an_async_tool_gets_an_async_wrapper():
+    async def waits(seconds: float) -> str:
+        """Wait.
+
+        Args:
+            seconds: How long.
+        """
+        await asyncio.sleep(seconds)
+        return "done"
+
+    limited = time_limited(waits, seconds=LIMIT)
+    assert inspect.iscoroutinefunction(limited)
+    assert asyncio.run(limited(0)) == "done"
+    start = time.perf_counter()
+    with pytest.raises(ToolTimeoutError):
+        asyncio.run(limited(10**6))
+    assert time.perf_counter() - start < LIMIT + SLACK
+
+
+def test_processes_the_tool_started_are_stopped_with_it(tmp_path):
+    pid_file = tmp_path / "pid"
+
+    def starts_a_process(seconds: float) -> str:
+        """Start a sleeping process, then wait for it.
+
+        Args:
+            seconds: How long it sleeps.
+        """
+        child = subprocess.Popen(["sleep", str(seconds)])
+        pid_file.write_text(str(child.pid))
+        child.wait()
+        return "never"
+
+    with pytest.raises(ToolTimeoutError):
+        time_limited(starts_a_process, seconds=LIMIT)(1000)
+    pid = int(pid_file.read_text())
+    for _ in range(100):  # the killed `sleep` is reaped by init, which may take a moment
+        if not _alive(pid):
+            break
+        time.sleep(0.05)
+    assert not _alive(pid), "the tool's own subprocess outlived the call"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), True, "5", None])
+def test_time_limited_refuses_a_bad_limit(seconds):
+    with pytest.raises(ValueError, match="seconds=.*must be a positive number of seconds"):
+        time_limited(sleeps, seconds=seconds)
+    with pytest.raises(ValueError, match="start_method='nope' is not available"):
+        time_limited(sleeps, seconds=1, start_method="nope")
+
+
+def test_with_time_limit_wraps_each_tool_once():
+    own = time_limited(loops, seconds=7)
+    wrapped = with_time_limit([sleeps, own], 3)
+    assert [t.time_limit for t in wrapped] == [3, 7] and wrapped[1] is own
+    assert with_time_limit([sleeps], None) == [sleeps] and with_time_limit(None, 3) is None
+
+
+def test_per_call_overhead(capsys):
+    """What a time limit costs per call, measured here (the number docs/tools.md and the docstring quote)."""
+    import torch  # noqa: F401 - measured in a process as large as a trainer's
+    import transformers  # noqa: F401
+
+    calls = 50
+    limited = time_limited(sleeps, seconds=5)
+    limited(0)
+    start = time.perf_counter()
+    for _ in range(calls):
+        limited(0)
+    per_call = (time.perf_counter() - start) / calls
+    start = time.perf_counter()
+    for _ in range(calls):
+        sleeps(0)
+    plain = (time.perf_counter() - start) / calls
+    with capsys.disabled():
+        print(f"\ntime_limited overhead: {1000 * (per_call - plain):.2f} ms per call ({1e6 * plain:.1f} µs plain)")
+    assert per_call < 0.25
