@@ -2,6 +2,7 @@
 `tool_timeout`) stops any tool's call at its limit, with one error message to the model."""
 
 import asyncio
+import copy
 import inspect
 import multiprocessing
 import subprocess
@@ -262,3 +263,68 @@ def test_per_call_overhead(capsys):
     with capsys.disabled():
         print(f"\ntime_limited overhead: {1000 * (per_call - plain):.2f} ms per call ({1e6 * plain:.1f} µs plain)")
     assert per_call < 0.25
+
+
+# ---------------------------------------------------------------------------------------------------- in training
+def test_tool_timeout_in_the_trainers_tool_loop(tiny_model_path, tokenizer, tmp_path, monkeypatch):
+    """A tool that sleeps forever and one that loops forever, called through TRL's tool loop on the tiny model under
+    `tool_timeout`: each call costs one error message to the model, and the step trains."""
+    from trl import GRPOTrainer
+    from trl.chat_template_utils import add_response_schema
+
+    from trl_grpo_ext import GRPOExtConfig, SegmentGRPOTrainer
+    from trl_grpo_ext.testing import cpu_test_config_kwargs, tiny_dataset
+
+    tok = add_response_schema(copy.deepcopy(tokenizer))
+    response = tok.convert_tokens_to_ids("<tool_response>")
+
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+    calls = [ids('<tool_call>\n{"name": "sleeps", "arguments": {"seconds": 1000000}}\n</tool_call>'),
+             ids('<tool_call>\n{"name": "loops", "arguments": {"n": 1}}\n</tool_call>')]  # fmt: skip
+    answers = [ids("<answer>12</answer>"), ids("<answer>13</answer>")]
+
+    def backend(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        return [answers[i % 2] if response in p else calls[i % 2] for i, p in enumerate(prompt_ids)], None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", backend)
+    seen = []
+
+    def reward(completions, **kwargs):
+        seen.extend(completions)
+        return [float("12" in str(c[-1]["content"])) for c in completions]
+
+    args = GRPOExtConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                         max_completion_length=256, max_steps=1, learning_rate=1e-2, seed=0, segment_by="tool_calls",
+                         tool_timeout=LIMIT, **cpu_test_config_kwargs())  # fmt: skip
+    trainer = SegmentGRPOTrainer(model=str(tiny_model_path), reward_funcs=[reward], args=args, processing_class=tok,
+                                 train_dataset=tiny_dataset(4), tools=[sleeps, loops])  # fmt: skip
+    assert [t.time_limit for t in trainer.tools] == [LIMIT, LIMIT]
+    start = time.perf_counter()
+    trainer.train()
+    elapsed = time.perf_counter() - start
+    assert trainer.state.global_step == 1
+    assert len(seen) == 4
+    for row, completion in enumerate(seen):
+        name = ("sleeps", "loops")[row % 2]
+        assert [m["role"] for m in completion] == ["assistant", "tool", "assistant"], completion
+        error = f"tool {name!r} did not finish within {LIMIT:g} s; the call was stopped"
+        assert completion[1] == {"role": "tool", "name": name, "content": str({"error": error})}
+    assert trainer.state.log_history[0]["tools/failure_frequency"] == 1.0
+    assert elapsed < 4 * LIMIT + 30, elapsed  # four calls stopped at the limit, plus one step of the tiny model
+    assert not multiprocessing.active_children()
+
+
+def test_hima_agents_tools_get_the_time_limit():
+    from types import SimpleNamespace
+
+    from trl_grpo_ext.methods.hima import HiMA
+
+    hima = HiMA("toy", alternatives=2)
+    hima.setup(SimpleNamespace(args=SimpleNamespace(tool_timeout=2.0)))
+    (calculator_tool,) = hima.tools["calc"].values()
+    assert calculator_tool.time_limit == 2.0 and calculator_tool("3 * 4") == "12"
+    hima = HiMA("toy", alternatives=2)
+    hima.setup(SimpleNamespace(args=SimpleNamespace(tool_timeout=None)))
+    assert hima.tools["calc"]["calculator"] is calculator

@@ -35,6 +35,7 @@ from ..registry import _import_path
 from ..rewards import register_reward
 from ..rewards.guard import check_reward_name
 from ..rollout import Rollout, RolloutPlan
+from ..tools import with_time_limit
 
 __all__ = ["Agent", "Hierarchy", "node_group_advantages", "select_node_groups", "MemoryEntry", "MemoryStore",
            "HiMA", "HiMAConfigSection", "check_hima_config", "toy_hierarchy", "load_hierarchy"]  # fmt: skip
@@ -540,6 +541,9 @@ class HiMA(Extension):
 
     def setup(self, trainer) -> None:
         super().setup(trainer)
+        seconds = getattr(trainer.args, "tool_timeout", None)  # the agents' tools, like the trainer's own tools=
+        self.tools = {agent: dict(zip(tools, with_time_limit(list(tools.values()), seconds), strict=True))
+                      for agent, tools in self.tools.items()}  # fmt: skip
         if self.adapters:  # each agent's calls are generated with, and train, its own LoRA adapter
             trainer.add_adapters(self.adapters)
 
