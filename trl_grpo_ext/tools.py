@@ -131,18 +131,23 @@ def time_limited(func=None, *, seconds: float, start_method: str | None = None):
 
     Why a process: a Python thread cannot be stopped, so a looping tool run in a thread would keep a core busy for
     the rest of the run; a process is killed (SIGKILL, with the process group it leads, so a subprocess it started
-    goes too). The cost, per call: starting the process. With the `fork` start method (the default on Linux) that
-    is copying the trainer process's page tables, so it grows with the process's memory: about 30 ms measured in a
-    550 MB process (torch, transformers and trl loaded, 2 CPU cores; `tests/test_tools.py::test_per_call_overhead`
-    prints it), against well under 0.1 ms for a plain call. TRL runs a batch's calls one after another, so 128 calls
-    a step cost about 4 s more; to limit only the slow or untrusted tools, wrap those and leave the config's
-    `tool_timeout` unset (the calculator bounds its own work). With `spawn` or `forkserver` (`spawn` is the default
-    off Linux) each call's process imports the tool's module and this package: 7 to 13 s per call measured here. What crosses the process boundary: the return value (and an exception) is
-    pickled back, so it must be picklable (text is); under `spawn` the tool itself (a module-level function) and its
-    arguments are pickled too. The call runs in a copy of the trainer process: what it changes in memory (a global,
-    an object's attribute) does not reach the trainer; files and network calls do. It must not use the GPU (a forked
-    process cannot initialise CUDA). Environment methods (`environment_factory=`) keep their state in the trainer's
-    process, so they cannot be wrapped this way.
+    goes too).
+
+    The cost, per call: starting the process. With the `fork` start method (the default on Linux) that is copying
+    the trainer process's page tables, so it grows with the process's memory: about 30 ms in a 0.5 GB process
+    (torch, transformers and trl loaded, 2 CPU cores; up to 60 ms while busy), 85 ms at 2.5 GB, 150 ms at 4.5 GB
+    (`tests/test_tools.py::test_per_call_overhead` prints it), against 14 µs for a plain calculator call. TRL runs a
+    batch's calls one after another, so 128 calls a step cost about 4 s more: to limit only the slow or untrusted
+    tools, wrap those and leave the config's `tool_timeout` unset (the calculator bounds its own work). With `spawn`
+    or `forkserver` (`spawn` is the default off Linux) each call's process imports the tool's module and this
+    package: 7 to 13 s per call measured here.
+
+    What crosses the process boundary: the return value (and an exception) is pickled back, so it must be picklable
+    (text is); under `spawn` the tool itself (a module-level function) and its arguments are pickled too. The call
+    runs in a copy of the trainer process: what it changes in memory (a global, an object's attribute) does not
+    reach the trainer; files and network calls do. It must not use the GPU (a forked process cannot initialise
+    CUDA). Environment methods (`environment_factory=`) keep their state in the trainer's process, so they cannot be
+    wrapped this way.
 
     Args:
         func: the tool, a typed function with a Google-style docstring (TRL's `tools=`); omit it for a decorator.
@@ -290,8 +295,8 @@ class ToolsConfig:
         Seconds one tool call may take. Every tool the trainer gets (`tools=`, and HiMA's agents' tools) runs each
         call in a child process that is killed at the limit; the model gets an error message and the run goes on.
         None (the default): tools run as TRL runs them, in the trainer's process, without a limit. Costs about
-        30 ms per call (Linux, fork of a 550 MB process; more for a larger one); a tool already wrapped by
-        `time_limited` keeps its own limit.
+        30 ms per call in a 0.5 GB trainer process, about 30 ms more per GB (Linux, fork; docs/tools.md); a tool
+        already wrapped by `time_limited` keeps its own limit.
     """
 
     tool_timeout: float | None = field(
