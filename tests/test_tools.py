@@ -191,6 +191,13 @@ def test_an_async_tool_gets_an_async_wrapper():
     limited = time_limited(waits, seconds=LIMIT)
     assert inspect.iscoroutinefunction(limited)
     assert asyncio.run(limited(0)) == "done"
+
+    class Waiter:  # an async callable object, as TRL's is_async_callable sees it
+        async def __call__(self, seconds: float) -> str:
+            return await waits(seconds)
+
+    assert inspect.iscoroutinefunction(time_limited(Waiter(), seconds=LIMIT))
+    assert time_limited(Waiter(), seconds=LIMIT).__name__ == "Waiter"
     start = time.perf_counter()
     with pytest.raises(ToolTimeoutError):
         asyncio.run(limited(10**6))

@@ -181,7 +181,7 @@ def time_limited(func=None, *, seconds: float, start_method: str | None = None):
     func = getattr(func, "__wrapped_tool__", func)  # a new limit replaces an earlier one: one process per call
     name = getattr(func, "__name__", type(func).__name__)
 
-    if inspect.iscoroutinefunction(func):
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
 
         @functools.wraps(func)
         async def limited(*args, **kwargs):
@@ -193,6 +193,7 @@ def time_limited(func=None, *, seconds: float, start_method: str | None = None):
         def limited(*args, **kwargs):
             return _call_in_process(func, name, seconds, method, args, kwargs)
 
+    limited.__name__ = name  # TRL calls a tool by its name (a callable object's class name, if it has none)
     limited.time_limit = seconds
     limited.__wrapped_tool__ = func
     return limited
