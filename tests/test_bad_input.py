@@ -75,12 +75,13 @@ ON = {
     "difficulty": dict(difficulty_diagnostic=True),
     "hima": dict(hima_hierarchy="toy"),
     "shared_prefix": dict(shared_prefix_forward=True),
+    "tools": dict(tool_timeout=5.0),
 }
 SWITCH_ON = {"PrefixColumnsConfig": "prefix", "DynamicSamplingConfig": "dynamic_sampling",
              "CurriculumConfig": "curriculum", "PTAConfig": "pta", "SegmentsConfig": "segments", "ARPOConfig": "arpo",
              "TreeOPOConfigSection": "treeopo", "BiCCConfig": "bicc", "DraftConfig": "drafts",
              "MonitorConfig": "monitor", "NoRDConfigSection": "difficulty", "HiMAConfigSection": "hima",
-             "SharedPrefixConfig": "shared_prefix"}  # fmt: skip
+             "SharedPrefixConfig": "shared_prefix", "ToolsConfig": "tools"}  # fmt: skip
 # Values of each type that a field with a constraint beyond its type is likely to refuse.
 TYPED_PROBES = {bool: [True, False], int: [-1, 0, 1, 10**6], float: [-1.0, 0.0, 0.5, 2.5, 1e6], str: ["", "?", "x y"],
                 type(None): [None]}  # fmt: skip
@@ -263,6 +264,11 @@ CONFIG_ROWS = [
     Bad("hima_memory_capacity", 0, ON["hima"], ("whole number >= 1",)),
     Bad("hima_memory_retrieve", -1, ON["hima"], ("whole number >= 0",)),
     Bad("hima_accuracy_reward", "acurracy", ON["hima"], ("not a registered reward", "register_reward")),
+    # tool calls' time limit
+    Bad("tool_timeout", 0, {}, ("must be a positive number of seconds",)),
+    Bad("tool_timeout", -1.0, {}, ("must be a positive number of seconds",)),
+    Bad("tool_timeout", float("nan"), {}, ("must be a positive number of seconds",), shown="nan"),
+    Bad("tool_timeout", "5", {}, ("must be a number or None", "write tool_timeout=5.0"), TypeError),
     # the advantage estimator
     Bad("advantage_estimator", "grup", {}, ("not a registered estimator", "register_advantage")),
     Bad("advantage_estimator", 3, {}, ("registry name, a dotted import path or a callable",)),

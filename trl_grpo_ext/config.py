@@ -23,6 +23,7 @@ from .methods.pta import PTAConfig
 from .methods.segments import SegmentsConfig
 from .methods.tree_opo import TreeOPOConfigSection
 from .shared_prefix import SharedPrefixConfig
+from .tools import ToolsConfig
 
 SECTIONS = (
     PrefixColumnsConfig,
@@ -38,6 +39,7 @@ SECTIONS = (
     NoRDConfigSection,
     HiMAConfigSection,
     SharedPrefixConfig,
+    ToolsConfig,
 )
 
 

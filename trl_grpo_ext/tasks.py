@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import re
+import sys
 import time
 
 import torch
@@ -73,9 +74,20 @@ def addition_trees(split: str = "train") -> list[dict]:
 
 
 def last_integer(text: str) -> int | None:
-    """The last integer in a text, or None."""
+    """The last integer in a text, or None; None too when it has more digits than Python converts to an int
+    (`sys.get_int_max_str_digits()`, 4300 by default), which no answer of the task has.
+
+    >>> last_integer("7 + 5 = 12."), last_integer("-007"), last_integer("no number"), last_integer("9" * 5000)
+    (12, -7, None, None)
+    """
     found = _INTEGER.findall(text)
-    return int(found[-1]) if found else None
+    if not found:
+        return None
+    digits = found[-1].lstrip("-").lstrip("0") or "0"  # int() counts leading zeros towards its limit too
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+    if limit and len(digits) > limit:
+        return None
+    return -int(digits) if found[-1].startswith("-") else int(digits)
 
 
 def last_integer_reward(completions, solution, **kwargs) -> list[float]:

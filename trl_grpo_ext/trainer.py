@@ -75,6 +75,7 @@ from .rewards import resolve_rewards
 from .rewards.guard import RewardFunctionError, check_reward_columns, guard_rewards
 from .rollout import Rollout, RolloutPlan, turn_messages
 from .shared_prefix import check_shared_prefix_model, group_order, prefix_tree, tree_mask_function
+from .tools import with_time_limit
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +212,7 @@ class GRPOExtTrainer(GRPOTrainer):
         if getattr(args, "shared_prefix_forward", False):
             _trl_compat.check_shared_prefix_forward()
         self.extensions = _build_extensions(args, kwargs.get("callbacks"), extensions)
+        kwargs = _limit_tool_time(args, kwargs)
         inputs = TrainerInputs(
             args=args, reward_funcs=reward_funcs, train_dataset=kwargs.get("train_dataset", pos[0] if pos else None),
             eval_dataset=kwargs.get("eval_dataset"), tools=kwargs.get("tools"),
@@ -1502,6 +1504,22 @@ def _build_extensions(args, callbacks, extensions) -> list[Extension]:
     built += [c for c in callbacks or [] if isinstance(c, Extension)]
     built += list(extensions or [])
     return _check_extensions(built)
+
+
+def _limit_tool_time(args, kwargs: dict) -> dict:
+    """The trainer's keyword arguments with each of its `tools=` under the config's `tool_timeout` (`time_limited`:
+    one process per call, killed at the limit). Environment methods keep their state in this process: not limited."""
+    seconds = getattr(args, "tool_timeout", None)
+    if seconds is None:
+        return kwargs
+    if kwargs.get("environment_factory") is not None:
+        logger.warning(
+            f"tool_timeout={seconds!r} limits the functions in tools= only: environment methods "
+            "(environment_factory=) keep their state in the trainer's process and run without a time limit."
+        )
+    if not kwargs.get("tools"):
+        return kwargs
+    return {**kwargs, "tools": with_time_limit(list(kwargs["tools"]), seconds)}
 
 
 def _check_extensions(extensions: list[Extension]) -> list[Extension]:

@@ -340,6 +340,7 @@ register_method(Method(name="arpo", title="ARPO entropy-guided branching", arxiv
 
 # ---------------------------------------------------------------------------------------------------- the reward
 _BOXED = re.compile(r"\\boxed\{")
+_PUNCTUATION = frozenset(string.punctuation)  # built once: a set per character took 0.5 s on a 100k-character answer
 
 
 def normalize_answer(text: str) -> str:
@@ -348,7 +349,7 @@ def normalize_answer(text: str) -> str:
     >>> normalize_answer("The  Eiffel Tower!")
     'eiffel tower'
     """
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 

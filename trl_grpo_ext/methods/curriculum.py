@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from dataclasses import dataclass, field
 
 from transformers import TrainerCallback
@@ -26,7 +25,18 @@ SCHEDULES = ("exponential", "linear")
 SHAPES = ("triangular", "band")
 COUNTS = ("completion", "think")
 FIELD = "{budget}"
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def think_span(text: str) -> str | None:
+    """The text between the first `<think>` and the first `</think>` after it, or None (what the regex
+    `<think>(.*?)</think>` finds, in linear time: the regex retries from every `<think>` of an unclosed text).
+
+    >>> think_span("<think>a</think> b <think>c</think>"), think_span("<think>" * 3)
+    ('a', None)
+    """
+    start = text.find("<think>")
+    end = text.find("</think>", start + len("<think>")) if start >= 0 else -1
+    return None if end < 0 else text[start + len("<think>") : end]
 
 
 def check_schedule(
@@ -125,14 +135,15 @@ class BudgetLengthReward:
 
     def length(self, completion, ids) -> int:
         if self.count == "think":
-            match = _THINK.search(completion_text(completion))
-            if match is not None:
+            span = think_span(completion_text(completion))
+            if span is not None:
                 if self.tokenizer is None:
                     raise ValueError(
                         "budget_length(count='think') needs the policy's tokenizer: pass tokenizer=..., or use it "
                         "in a trl_grpo_ext trainer, which hands its own over."
                     )
-                return len(self.tokenizer(match.group(1), add_special_tokens=False)["input_ids"])
+                span = span.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would stop the tokenizer
+                return len(self.tokenizer(span, add_special_tokens=False)["input_ids"])
         return len(ids)
 
     def __call__(self, completions, completion_ids, budget=None, **kwargs) -> list[float]:

@@ -19,6 +19,7 @@ This module holds the hierarchy description and its validation (`Agent`, `Hierar
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from ..registry import _import_path
 from ..rewards import register_reward
 from ..rewards.guard import check_reward_name
 from ..rollout import Rollout, RolloutPlan
+from ..tools import with_time_limit
 
 __all__ = ["Agent", "Hierarchy", "node_group_advantages", "select_node_groups", "MemoryEntry", "MemoryStore",
            "HiMA", "HiMAConfigSection", "check_hima_config", "toy_hierarchy", "load_hierarchy"]  # fmt: skip
@@ -441,7 +443,40 @@ def _top_k(value) -> int | str:
 
 # ---------------------------------------------------------------------------------------------- the rollout
 _ROUTE = re.compile(r"<route>\s*([\w-]+)\s*</route>(.*)", re.DOTALL)
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+def find_tool_call(text: str) -> str | None:
+    """The `{...}` of the first tool call `<tool_call>{...}</tool_call>` in an agent's output, or None.
+
+    What `re.search(r"<tool_call>\\s*(\\{.*?\\})\\s*</tool_call>", text, re.DOTALL)` finds (its group), in linear time:
+    the regex scans to the end of the text again from every `<tool_call>` of a text whose calls never close, which
+    takes seconds on a long output.
+
+    >>> find_tool_call('<tool_call> {"name": "f"} </tool_call>'), find_tool_call("<tool_call>{" * 3)
+    ('{"name": "f"}', None)
+    """
+    opening, closing = "<tool_call>", "</tool_call>"
+    ends = []  # the "}" right before each closing tag (white space apart), in order: where a call's object may end
+    at = text.find(closing)
+    while at >= 0:
+        end = at - 1
+        while end >= 0 and text[end].isspace():
+            end -= 1
+        if end >= 0 and text[end] == "}":
+            ends.append(end)
+        at = text.find(closing, at + len(closing))
+    at = text.find(opening) if ends else -1
+    while at >= 0:
+        brace = at + len(opening)
+        while brace < len(text) and text[brace].isspace():
+            brace += 1
+        if brace < len(text) and text[brace] == "{":
+            # The shortest object: the first "}" after the brace that a closing tag follows. A later opening tag's
+            # brace is further on, so when this one has none, no call does.
+            index = bisect.bisect_right(ends, brace)
+            return text[brace : ends[index] + 1] if index < len(ends) else None
+        at = text.find(opening, at + len(opening))
+    return None
 
 
 @dataclass
@@ -539,6 +574,9 @@ class HiMA(Extension):
 
     def setup(self, trainer) -> None:
         super().setup(trainer)
+        seconds = getattr(trainer.args, "tool_timeout", None)  # the agents' tools, like the trainer's own tools=
+        self.tools = {agent: dict(zip(tools, with_time_limit(list(tools.values()), seconds), strict=True))
+                      for agent, tools in self.tools.items()}  # fmt: skip
         if self.adapters:  # each agent's calls are generated with, and train, its own LoRA adapter
             trainer.add_adapters(self.adapters)
 
@@ -648,14 +686,14 @@ class HiMA(Extension):
             system.bad_route = target not in agent.routes
             system.answer = call.text
             return
-        tool = _TOOL_CALL.search(call.text) if self.tools[call.agent] else None
+        tool = find_tool_call(call.text) if self.tools[call.agent] else None
         if tool is None and self.tools[call.agent] and "<tool_call>" in call.text:
             system.answer = call.text  # a tool call cut short (the call's token cap) or never closed
             system.format_ok.append(False)
             return
         if tool is not None:
             try:
-                request = json.loads(tool.group(1))
+                request = json.loads(tool)
                 system.answer = str(self.tools[call.agent][request["name"]](**request.get("arguments", {})))
                 system.format_ok.append(True)
             except Exception as exc:  # a malformed call, an unknown tool, the tool's own error: the answer says so

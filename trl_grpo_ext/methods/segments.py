@@ -458,7 +458,7 @@ def _is_error(content) -> bool:
         return False
     try:
         value = ast.literal_eval(content.strip())
-    except (ValueError, SyntaxError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # deep nesting: the parser's own limits
         return False
     return isinstance(value, dict) and "error" in value
 
