@@ -125,3 +125,5 @@ def test_tiny_model_trains_on_rg_task_and_records_heldout(tmp_path, tiny_cache_d
     assert [step for step, _ in record["heldout_accuracy_history"]] == [0, 1, 2]
     assert [len(c) for c in record["heldout_correct"]] == [12, 12, 12]
     assert record["heldout_accuracy_after"] == sum(record["heldout_correct"][-1]) / 12
+    card = (out / "README.md").read_text()
+    assert "the reasoning-gym task `rg:chain_sum`" in card and "the task's held-out set" in card
