@@ -55,12 +55,18 @@ from .registry import _import_path
 from .rewards import resolve_rewards
 from .rewards.guard import required_columns
 from .tasks import (
+    RG_HELDOUT_SIZE,
+    RG_INSTALL,
+    RG_PREFIX,
     TASK_REWARD_WEIGHTS,
     HeldoutAccuracy,
     HeldoutDrivingScore,
+    RGHeldoutAccuracy,
+    RGTask,
     addition_dataset,
     addition_problems,
     driving_task_dataset,
+    import_reasoning_gym,
 )
 from .tasks import TASK_REWARDS as TASK_REWARDS_DEFAULT
 from .testing import SMOLLM2, load_tiny_model, load_tiny_vlm, real_model, tiny_dataset
@@ -92,6 +98,12 @@ TASK_METHODS = {
 }
 TASK_REWARDS = {
     "curriculum": (["last_integer", "budget_length"], [1.0, 0.5]),
+    "pta": (None, None),
+    "hima": (None, None),
+}
+# ... and on a reasoning-gym task (`--task rg:NAME`): its verifier `rg_score` alone (default), or in those places.
+RG_TASK_REWARDS = {
+    "curriculum": (["rg_score", "budget_length"], [1.0, 0.5]),
     "pta": (None, None),
     "hima": (None, None),
 }
@@ -150,10 +162,23 @@ class TrainScriptArguments(_ScriptArguments):
     )  # fmt: skip
     task: str | None = field(
         default=None,
-        metadata={"help": "A built-in task instead of a dataset: its data, its rewards and a held-out evaluation "
-                  "(default when no dataset is named: driving for --trainer nord, else addition).",
-                  "choices": ["addition", "driving"]},
+        metadata={"help": "A task instead of a dataset: its data, its rewards and a held-out evaluation. 'addition', "
+                  "'driving' (built in; the default when no dataset is named: driving for --trainer nord, else "
+                  "addition) or 'rg:NAME', a reasoning-gym dataset (rg:chain_sum; pip install "
+                  "\"trl-grpo-ext[tasks]\")."},
     )  # fmt: skip
+    task_args: str | None = field(
+        default=None,
+        metadata={"help": "The rg: task's config as a YAML mapping: '{min_terms: 3, max_terms: 3}' (in YAML also a "
+                  "mapping); `seed` and `size` pick the training problems (default 0 and 1000)."},
+    )  # fmt: skip
+    heldout_size: int | None = field(
+        default=None, metadata={"help": f"Held-out problems of an rg: task (default {RG_HELDOUT_SIZE})."}
+    )
+    heldout_every: int | None = field(
+        default=None,
+        metadata={"help": "With a task: evaluate held-out accuracy every N steps too (default: before and after)."},
+    )
     tools: list[str] | None = field(
         default=None,
         metadata={"help": "Tools the model may call: dotted import paths of typed, documented functions."},
@@ -328,6 +353,7 @@ class TrainRun:
     rewards: list | None
     tiny: bool
     task: str | None
+    rg: RGTask | None = None  # the reasoning-gym task (`--task rg:NAME`), checked
 
 
 def parse_train(argv: list[str]) -> TrainRun:
@@ -353,9 +379,10 @@ def parse_train(argv: list[str]) -> TrainRun:
     named_data = script_args.dataset_name or dataset_args.datasets
     default_task = "driving" if trainer == "nord" else "addition"
     task = None if tiny else script_args.task or (None if named_data else default_task)
+    rg = _rg_task(script_args, task)
     if task:  # the task's defaults, under the recipe and the flags
         defaults.update(TASK, **(DRIVING_TASK if task == "driving" else {}), **METHOD_PRESETS.get(trainer, {}),
-                        **TASK_METHODS.get(trainer, {}))  # fmt: skip
+                        **_task_methods(trainer, rg))  # fmt: skip
     defaults.update(_fit_presets(trainer, config_cls, argv, shape, defaults, overrides))
     if "--output_dir" not in _flags(argv):
         model = "tiny" if tiny else Path(model_args.model_name_or_path or SMOLLM2).name
@@ -375,6 +402,8 @@ def parse_train(argv: list[str]) -> TrainRun:
         specs = ["trajectory"]
     elif specs is None and task:
         specs, weights = TASK_REWARDS.get(script_args.trainer, (TASK_REWARDS_DEFAULT, TASK_REWARD_WEIGHTS))
+        if rg is not None:  # the verifier is the correctness reward; no brevity term (reasoning takes tokens)
+            specs, weights = RG_TASK_REWARDS.get(script_args.trainer, (["rg_score"], [1.0]))
         args.reward_weights = args.reward_weights or weights
     elif specs is None and trainer_cls in (trl_grpo_ext.GRPOExtTrainer, trl_grpo_ext.SegmentGRPOTrainer,
                                            trl_grpo_ext.TreeOPOTrainer, GRPOTrainer):  # fmt: skip
@@ -399,7 +428,56 @@ def parse_train(argv: list[str]) -> TrainRun:
         raise CLIError(f"--push_to_hub: {reason}, or drop --push_to_hub and run `trl-grpo-ext push` later")
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
         raise CLIError("a quantized base (--load_in_4bit / --load_in_8bit) cannot be trained itself; add --use_peft")
-    return TrainRun(script_args, args, model_args, dataset_args, given, trainer_cls, rewards, tiny, task)
+    return TrainRun(script_args, args, model_args, dataset_args, given, trainer_cls, rewards, tiny, task, rg)
+
+
+def _rg_task(script_args, task: str | None) -> RGTask | None:
+    """`--task` checked (a built-in name or `rg:NAME`), with `--task_args` and `--heldout_size`; for `rg:NAME` the
+    reasoning-gym task, its name and config checked (nothing generated yet)."""
+    given = script_args.task
+    if given is not None and given not in ("addition", "driving") and not given.startswith(RG_PREFIX):
+        close = difflib.get_close_matches(given, ["addition", "driving"], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise CLIError(f"--task {given!r} is unknown; {hint}use addition, driving or rg:NAME, a reasoning-gym dataset "
+                       "(rg:chain_sum)")  # fmt: skip
+    rg_name = task[len(RG_PREFIX) :] if task and task.startswith(RG_PREFIX) else None
+    for option in ("task_args", "heldout_size"):
+        if getattr(script_args, option) is not None and rg_name is None:
+            raise CLIError(f"--{option} is for a reasoning-gym task (--task rg:NAME), not "
+                           f"{f'--task {task}' if task else 'a dataset run'}; drop it")  # fmt: skip
+    if script_args.heldout_every is not None and not task:
+        raise CLIError("--heldout_every is for a task run (--task), which has a held-out evaluation; drop it")
+    if rg_name is None:
+        return None
+    try:
+        import_reasoning_gym()
+    except ImportError as exc:
+        raise CLIError(f"--task {task} needs the reasoning-gym package, an optional extra: {RG_INSTALL}") from exc
+    task_args = script_args.task_args
+    if isinstance(task_args, str):
+        import yaml
+
+        try:
+            task_args = yaml.safe_load(task_args)
+        except yaml.YAMLError as exc:
+            raise CLIError(f"--task_args {script_args.task_args!r} is not YAML: {_one_line(exc)}; write a mapping such "
+                           "as '{min_terms: 3, max_terms: 3}'") from exc  # fmt: skip
+    if task_args is not None and not isinstance(task_args, dict):
+        raise CLIError(f"--task_args {script_args.task_args!r} is not a mapping; write one such as "
+                       "'{min_terms: 3, max_terms: 3}'")  # fmt: skip
+    try:
+        return RGTask(rg_name, task_args, heldout_size=script_args.heldout_size or RG_HELDOUT_SIZE)
+    except ValueError as exc:
+        raise CLIError(f"--task {task}: {_one_line(exc)}") from exc
+
+
+def _task_methods(trainer: str, rg: RGTask | None) -> dict:
+    """`TASK_METHODS[trainer]` for the task: on a reasoning-gym task the correctness reward is `rg_score`, and
+    Tree-OPO's shipped trees (of the addition problems) do not apply."""
+    preset = dict(TASK_METHODS.get(trainer, {}))
+    if rg is not None:
+        preset = {k: "rg_score" if v == "last_integer" else v for k, v in preset.items() if k != "prefix_trees"}
+    return preset
 
 
 def _flags(argv: list[str]) -> set[str]:
@@ -468,7 +546,7 @@ def train(argv: list[str]) -> Path:
     script_args, args, model_args, dataset_args, given = (run.script_args, run.args, run.model_args,
                                                           run.dataset_args, run.given)  # fmt: skip
     trainer_cls, rewards, tiny, task = run.trainer_cls, run.rewards, run.tiny, run.task
-    train_dataset, eval_dataset, name = _datasets(script_args, dataset_args, args, tiny, task)
+    train_dataset, eval_dataset, name = _datasets(script_args, dataset_args, args, tiny, task, run.rg)
     for dataset, where in ((train_dataset, name), (eval_dataset, f"{name} (eval split)")):
         if dataset is not None:
             _check_columns(dataset, where, rewards, args)
@@ -486,11 +564,13 @@ def train(argv: list[str]) -> Path:
                               **(args.model_init_kwargs or {})}  # fmt: skip
     # One upload at the end, with our model card, instead of Trainer's repo creation at start and pushes on save.
     push_to_hub, args.push_to_hub = args.push_to_hub, False
-    heldout_cls = HeldoutDrivingScore if task == "driving" else HeldoutAccuracy
+    every, length = script_args.heldout_every, args.max_completion_length
+    if run.rg is not None:
+        probe = RGHeldoutAccuracy(run.rg, every=every, max_new_tokens=length, system=script_args.system_prompt)
+    else:
+        probe = (HeldoutDrivingScore if task == "driving" else HeldoutAccuracy)(every=every, max_new_tokens=length)
     # HiMA's answers come from the system, not one call: TRL's evaluation runs it (eval_strategy), not this probe
-    heldout = (
-        [heldout_cls(max_new_tokens=args.max_completion_length)] if task and script_args.trainer != "hima" else None
-    )
+    heldout = [probe] if task and script_args.trainer != "hima" else None
     try:
         trainer = trainer_cls(model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset,
                               eval_dataset=eval_dataset, processing_class=processing_class, tools=tools,
@@ -511,7 +591,10 @@ def train(argv: list[str]) -> Path:
                         "dataset": dataset_name, "config": given}  # fmt: skip
     if heldout:
         (before, after), metric = (heldout[0].history[0][1], heldout[0].history[-1][1]), heldout[0].key.split("/")[1]
-        trainer.run_info["results"] = {f"heldout_{metric}_before": before, f"heldout_{metric}_after": after}
+        trainer.run_info["results"] = {f"heldout_{metric}_before": before, f"heldout_{metric}_after": after,
+                                       f"heldout_{metric}_history": [list(p) for p in heldout[0].history]}  # fmt: skip
+        if heldout[0].correct and heldout[0].correct[-1] is not None:  # per evaluation, per problem: 1 right, 0 not
+            trainer.run_info["results"]["heldout_correct"] = heldout[0].correct
     if push_to_hub:
         args.hub_model_id = args.hub_model_id or out.name
         try:
@@ -534,7 +617,7 @@ def train(argv: list[str]) -> Path:
     return out
 
 
-def _datasets(script_args, dataset_args, args, tiny: bool, task: str | None):
+def _datasets(script_args, dataset_args, args, tiny: bool, task: str | None, rg: RGTask | None = None):
     """(train dataset, eval dataset or None, a name for messages), as TRL's `trl grpo` loads them."""
     trees = getattr(args, "prefix_trees", None)
     if trees and (tiny or not (script_args.dataset_name or dataset_args.datasets)):  # Tree-OPO: one row per tree
@@ -544,6 +627,12 @@ def _datasets(script_args, dataset_args, args, tiny: bool, task: str | None):
             raise CLIError(f"--prefix_trees: {_one_line(exc)}") from exc
         test = addition_dataset("heldout") if task else questions.select(range(min(16, len(questions))))
         dataset, name = DatasetDict({"train": questions, "test": test}), f"the questions of {trees}"
+    elif rg is not None:  # the held-out problems are the eval split: another seed, none a training question
+        try:
+            dataset = DatasetDict({"train": rg.dataset("train"), "test": rg.dataset("heldout")})
+        except ValueError as exc:
+            raise CLIError(_one_line(exc)) from exc
+        name = f"the reasoning-gym task {task}"
     elif task == "driving":  # the held-out scenes are the eval split: never trained on
         dataset = DatasetDict({"train": driving_task_dataset("train"), "test": driving_task_dataset("heldout")})
         name = "the built-in driving task"

@@ -108,6 +108,8 @@ def model_card(record: dict, repo_id: str | None = None, tags=(), title: str | N
             "addition": "the built-in addition task (`trl_grpo_ext.tasks`)",
             "driving": "the built-in text-only driving task (`trl_grpo_ext.tasks`, `trl_grpo_ext.data.driving`)",
         }.get(record["dataset"], f"`{record['dataset']}`")
+    if str(record["dataset"]).startswith("rg:"):
+        data_text = f"the reasoning-gym task `{record['dataset']}` (`trl_grpo_ext.tasks.RGTask`)"
     rows = "\n".join(_method_row(key) for key in record["methods"])
     metrics = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(record["metrics"].items())) or "| (none logged) | |"
     rewards = ", ".join(f"`{r}`" for r in record["reward_funcs"])
@@ -116,7 +118,7 @@ def model_card(record: dict, repo_id: str | None = None, tags=(), title: str | N
     results = ""
     for metric, what in (("accuracy", "accuracy"), ("driving_score", "driving score")):
         if f"heldout_{metric}_before" in record:
-            results = (f"\n\nHeld-out {what} (greedy, the built-in task's held-out set): "
+            results = (f"\n\nHeld-out {what} (greedy, the task's held-out set): "
                        f"{record[f'heldout_{metric}_before']:.3f} before training, "
                        f"{record[f'heldout_{metric}_after']:.3f} after.")  # fmt: skip
     card.text += f"""
