@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 
 from trl_grpo_ext.tools import MAX_DIGITS, ToolTimeoutError, calculator, time_limited, with_time_limit
 
@@ -339,3 +340,17 @@ def test_hima_agents_tools_get_the_time_limit():
     hima = HiMA("toy", alternatives=2)
     hima.setup(SimpleNamespace(args=SimpleNamespace(tool_timeout=None)))
     assert hima.tools["calc"]["calculator"] is calculator
+
+
+def big_tensor_sum(n: int) -> float:
+    """A tool that runs a large torch op (parallel in the parent)."""
+    return float(torch.ones(n).sum())
+
+
+def test_a_tool_that_uses_torch_after_training_does_not_hang(monkeypatch):
+    """The parent's OpenMP pool (warm after any training) does not survive the fork: the child runs on one thread."""
+    torch.ones(10**7).sum()  # the parent's parallel region: its thread pool is now up
+    tool = time_limited(big_tensor_sum, seconds=20)
+    start = time.perf_counter()
+    assert tool(10**7) == 1e7
+    assert time.perf_counter() - start < 10

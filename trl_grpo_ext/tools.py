@@ -247,6 +247,7 @@ def _run_tool(send, func, args, kwargs) -> None:
     # send back the pickled ("ok", result) or ("error", exception).
     if hasattr(os, "setpgid"):
         os.setpgid(0, 0)
+    _one_thread_after_fork()
     try:
         result = func(*args, **kwargs)
         if inspect.isawaitable(result):
@@ -262,6 +263,15 @@ def _run_tool(send, func, args, kwargs) -> None:
     with contextlib.suppress(OSError):  # the trainer stopped waiting
         send.send_bytes(payload)
     send.close()
+
+
+def _one_thread_after_fork() -> None:
+    """In a forked child: torch ops on one thread. The parent's OpenMP thread pool does not survive a fork (GNU libgomp
+    is not fork-safe), and the child's first parallel region would wait forever for its threads (seen: a tool that ran
+    a 2048-token tensor op after the trainer had trained)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _portable(error: BaseException) -> Exception:
