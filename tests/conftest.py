@@ -5,7 +5,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Under pytest-xdist (`-n 2`, what CI runs) each of the two workers takes one core: two one-thread torch processes beat
+# one with two threads on small models. Run alone, a test may use both.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 NAMES = list(trainers())
 
 
+@pytest.fixture(autouse=True)
+def _fresh_folder(tmp_path, monkeypatch):
+    """Default output folders are relative: a folder of ours, not a checkout where the main job has saved its run."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_named_trainer_alone_trains_the_tiny_model(name, tmp_path, tiny_cache_dir, capsys):
     out = tmp_path / name
