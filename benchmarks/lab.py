@@ -50,29 +50,23 @@ ARMS = {
     "bicc": ["--trainer", "bicc"],
     "drafts": ["--trainer", "drafts"],
 }
+
+
+def experiment(task: str, task_args: dict, **settings) -> dict:
+    """An experiment's definition: every arm, 5 seeds, 60 steps, 200 held-out problems evaluated every 10 steps."""
+    flags = ["--learning_rate", "3e-5", "--max_completion_length", "24"]
+    return {"task": task, "task_args": task_args, "arms": ARMS, "seeds": [0, 1, 2, 3, 4], "steps": 60,
+            "heldout_size": 200, "eval_every": 10, "flags": flags, **settings}  # fmt: skip
+
+
 # name -> the task (`--task`), its args (`--task_args`), the arms, seeds, steps, held-out size (>= 200 for a
 # verdict), held-out evaluation every `eval_every` steps, flags every arm gets (after the device's, before the arm's).
 EXPERIMENTS = {
-    "chain_sum": {  # SmolLM2-135M-Instruct greedy: about 0.28 on 40 problems (issue 33)
-        "task": "rg:chain_sum",
-        "task_args": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
-        "arms": ARMS,
-        "seeds": [0, 1, 2, 3, 4],
-        "steps": 60,
-        "heldout_size": 200,
-        "eval_every": 10,
-        "flags": ["--learning_rate", "3e-5", "--max_completion_length", "24"],
-    },
-    "gcd": {  # two numbers <= 20; about 0.35 (issue 33)
-        "task": "rg:gcd",
-        "task_args": {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 20},
-        "arms": ARMS,
-        "seeds": [0, 1, 2, 3, 4],
-        "steps": 60,
-        "heldout_size": 200,
-        "eval_every": 10,
-        "flags": ["--learning_rate", "3e-5", "--max_completion_length", "24"],
-    },
+    # SmolLM2-135M-Instruct greedy, 40 problems, 24 tokens: 0.050 measured here (the issue's note said 0.28;
+    # the model answers many negative differences with a positive number)
+    "chain_sum": experiment("rg:chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
+    # two numbers <= 20; the issue's note: about 0.35 (not measured here yet)
+    "gcd": experiment("rg:gcd", {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 20}),
 }
 SMOKE = {"seeds": 1, "steps": 2, "heldout_size": 8, "eval_every": 1, "model": "tiny", "arms": 2}
 HELDOUT_LINE = re.compile(r"The held-out \w+ .*?(before training|after step (\d+)): ([0-9.]+)")
