@@ -14,3 +14,15 @@ def step_tokens(logs: dict, rows: int) -> float:
         return logs["hima/generated_tokens"]
     drafts = logs.get("drafts/generated_tokens", 0.0)
     return logs.get("completions/mean_length", 0.0) * rows - logs.get("arpo/generated_tokens_saved", 0.0) + drafts
+
+
+def save_figure(fig, axes, path) -> None:
+    """Grid and legend on each of `axes`, then write `fig` to `path` and free it (the learning and lab plots)."""
+    import matplotlib.pyplot as plt
+
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import step_tokens
+from common import save_figure, step_tokens
 
 BASELINE = "grpo"
 # Train flags of every run of an experiment on a CPU, and what a GPU runs instead (larger batches).
@@ -328,12 +328,7 @@ def plot(runs: dict[str, dict[int, dict]], path: Path, n: int = 2000) -> None:
                                color=line.get_color())  # fmt: skip
     steps_ax.set(xlabel="step", ylabel="held-out accuracy (greedy)", title="by step (mean over seeds, 95% band)")
     tokens_ax.set(xlabel="completion tokens generated", title="by generated tokens (interpolated)")
-    for axis in (steps_ax, tokens_ax):
-        axis.grid(alpha=0.3)
-        axis.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, (steps_ax, tokens_ax), path)
 
 
 def report(out: Path, baseline: str = BASELINE) -> str:

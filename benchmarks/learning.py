@@ -88,7 +88,7 @@ from trl_grpo_ext.testing import CPU_KWARGS, real_model
 from trl_grpo_ext.tools import calculator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import step_tokens
+from common import save_figure, step_tokens
 
 # ---- the shared budget: every arm of a comparison trains these steps on the same batches ----
 BASE = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=24, learning_rate=3e-5, beta=0.0,
@@ -409,12 +409,7 @@ def plot(method: str, runs: dict, path: Path) -> None:
     how = "one sample each" if method in ("hima", "segments") else "greedy"  # TRL's evaluation: one sampled answer
     steps_ax.set(xlabel="step", ylabel=f"held-out {what} ({how})", title=f"{method} vs GRPO")
     tokens_ax.set(xlabel="completion tokens generated", title=f"{what} per generated token")
-    for axis in (steps_ax, tokens_ax):
-        axis.grid(alpha=0.3)
-        axis.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, (steps_ax, tokens_ax), path)
 
 
 def main():
