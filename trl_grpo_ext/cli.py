@@ -237,7 +237,10 @@ class Parser(TrlParser):
             where = "YAML key"
         else:
             return None
-        names = [token.lstrip("-") for token in re.findall(r"'(--[^'=]+)", message)]
+        return self._closest(re.findall(r"'--([^'=]+)", message), where)
+
+    def _closest(self, names: list[str], where: str) -> str | None:
+        """`unknown flags: --a (did you mean --b?), ...` for `names`, or None when there are none."""
         if not names:
             return None
         known = sorted({action.dest for action in self._actions})
@@ -249,19 +252,10 @@ class Parser(TrlParser):
                 f"`{self.prog} --help` for every field")  # fmt: skip
 
     def error(self, message):
-        if message.startswith("unrecognized arguments") or message.startswith("ambiguous option"):
-            names = [
-                token.lstrip("-").split("=")[0]
-                for token in message.split(":", 1)[-1].split()
-                if token.startswith("--")
-            ]
-            known = sorted({action.dest for action in self._actions})
-            hints = [f"--{n}{f' (did you mean --{c[0]}?)' if (c := difflib.get_close_matches(n, known, n=1)) else ''}"
-                     for n in names]  # fmt: skip
-            if hints:
-                raise CLIError(
-                    f"unknown flag{'s' if len(hints) > 1 else ''}: {', '.join(hints)}; see `{self.prog} --help`"
-                )
+        if message.startswith(("unrecognized arguments", "ambiguous option")):
+            flags = [t.split("=")[0] for t in message.split(":", 1)[-1].split() if t.startswith("--")]
+            if line := self._closest([flag.removeprefix("--") for flag in flags], "flag"):
+                raise CLIError(line)
         raise CLIError(f"{message}; see `{self.prog} --help`")
 
     def given(self, argv: list[str], parsed: tuple) -> dict:
