@@ -336,6 +336,17 @@ def hima_parser(agent):
     return build
 
 
+def final_answer_parser(tokenizer):
+    from trl_grpo_ext.tasks import final_answer
+
+    def call(text):
+        for numeric in (True, False):
+            answer = final_answer(text, numeric=numeric)
+            assert answer is None or isinstance(answer, str)
+
+    return call
+
+
 def truncate_at_tag_parser(tokenizer):
     from trl_grpo_ext.methods.pta import truncate_at_tag
 
@@ -401,6 +412,7 @@ PARSERS = [
     Parser("hima_router", hima_parser("router")),
     Parser("hima_calc", hima_parser("calc")),
     Parser("hima_qa", hima_parser("qa")),
+    Parser("final_answer", final_answer_parser),  # the reasoning-gym tasks' answer rule
     Parser("truncate_at_tag", truncate_at_tag_parser),
     Parser("repetition_probe", repetition_probe_parser, inputs=SHORTER),
 ]

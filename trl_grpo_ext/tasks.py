@@ -297,7 +297,6 @@ RG_INSTRUCTION = "Answer with just the final answer."
 RG_TRAIN_SEED, RG_HELDOUT_SEED = 0, 1_000_000
 RG_TRAIN_SIZE, RG_HELDOUT_SIZE = 1000, 200
 RG_HELDOUT_DRAWS = 20  # the held-out set draws up to this many times its size to find as many distinct questions
-_ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning_gym.utils.extract_answer's
 _NUMBER = re.compile(r"[-+]?\d(?:[\d,]*\d)?(?:\.\d+)?")
 _LEAD_IN = re.compile(r"^(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*[:=]?\s*", re.IGNORECASE)
 
@@ -327,6 +326,26 @@ def _is_number(text) -> bool:
     return True
 
 
+def last_answer_tag(text: str) -> str | None:
+    """The content of the last `<answer>...</answer>` pair, or None: what `re.findall(r"<answer>\s?(.*?)\s?</answer>",
+    text, re.DOTALL)[-1]` gives (reasoning_gym.utils.extract_answer's rule), in linear time (the regex rescans the
+    text from every `<answer>` of one that is never closed).
+
+    >>> last_answer_tag("<answer> 7 </answer> then <answer>8</answer>"), last_answer_tag("<answer>" * 3)
+    ('8', None)
+    """
+    found, at = None, 0
+    while (start := text.find("<answer>", at)) >= 0:
+        end = text.find("</answer>", start + len("<answer>"))
+        if end < 0:
+            break
+        found, at = text[start + len("<answer>") : end], end + len("</answer>")
+    if found is None:
+        return None
+    found = found[1:] if found[:1].isspace() else found
+    return found[:-1] if found[-1:].isspace() else found
+
+
 def final_answer(text: str, numeric: bool = False) -> str | None:
     """The answer a completion gives, by one rule (docs/cli.md, "reasoning-gym tasks").
 
@@ -343,8 +362,8 @@ def final_answer(text: str, numeric: bool = False) -> str | None:
     >>> final_answer("<answer>7</answer> or maybe 8", numeric=True)
     '7'
     """
-    tagged = _ANSWER_TAG.findall(text)
-    text = tagged[-1] if tagged else text
+    tagged = last_answer_tag(text)
+    text = text if tagged is None else tagged
     if numeric:
         numbers = _NUMBER.findall(text)
         return numbers[-1] if numbers else None
