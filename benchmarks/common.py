@@ -6,12 +6,15 @@ def step_tokens(logs: dict, rows: int) -> float:
 
     PTA counts each plan once (`pta/generated_tokens`); HiMA every call of the references, the alternatives and their
     finishes; ARPO's branches do not count the prefix they share with their parent (`arpo/generated_tokens_saved`);
-    drafts the policy (or the draft model) wrote for the batch count too.
+    drafts the policy (or the draft model) wrote for the batch count too; dynamic sampling counts its refills
+    (`dynamic_sampling/generated_tokens`).
     """
     if "pta/generated_tokens" in logs:
         return logs["pta/generated_tokens"]
     if "hima/generated_tokens" in logs:
         return logs["hima/generated_tokens"]
+    if "dynamic_sampling/generated_tokens" in logs:  # refills included
+        return logs["dynamic_sampling/generated_tokens"]
     drafts = logs.get("drafts/generated_tokens", 0.0)
     return logs.get("completions/mean_length", 0.0) * rows - logs.get("arpo/generated_tokens_saved", 0.0) + drafts
 

@@ -98,6 +98,9 @@ def test_refill_replaces_dropped_groups_with_fresh_prompts(tiny_model_path, toke
     assert trainer._metrics["train"]["dynamic_sampling/refill_rounds"] == [1]
     assert trainer._metrics["train"]["dynamic_sampling/final_kept_fraction"] == [1.0]
     assert out["num_items_in_batch"].item() == out["completion_mask"].sum().item()
+    # Generated tokens add the batch's 8 rows and the refill's 4 (TRL logs one mean length per batch).
+    main_length, refill_length = trainer._metrics["train"]["completions/mean_length"]
+    assert trainer._metrics["train"]["dynamic_sampling/generated_tokens"] == [8 * main_length + 4 * refill_length]
 
 
 def test_refill_is_bounded_then_drops_and_warns(tiny_model_path, tokenizer, tmp_path, caplog):

@@ -22,7 +22,6 @@ from trl_grpo_ext import (
     SegmentGRPOTrainer,
     get_reward,
 )
-from trl_grpo_ext.data.trees import SAMPLE_TREES
 from trl_grpo_ext.methods.pta import truncate_at_tag
 from trl_grpo_ext.tasks import TASK_REWARD_WEIGHTS, TASK_REWARDS, addition_dataset
 from trl_grpo_ext.testing import cpu_test_config_kwargs, real_model
@@ -170,7 +169,6 @@ def test_segments_and_arpo_on_a_real_vocabulary(real_path, real_tokenizer, tmp_p
 
 def test_the_real_template_renders_what_smollm2s_does(real_path, real_tokenizer):
     import json
-    from pathlib import Path
 
     original = json.loads((Path(real_path) / "trl_grpo_ext_real_model.json").read_text())["original_chat_template"]
     assert "tools" not in original and supports_tool_calling(real_tokenizer)
@@ -183,63 +181,6 @@ def test_the_real_template_renders_what_smollm2s_does(real_path, real_tokenizer)
         theirs = real_tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True,
                                                     chat_template=original)  # fmt: skip
         assert ours == theirs
-
-
-RECIPES = sorted(
-    p for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml") if ".sft." not in p.name
-)
-SMALL = {
-    "pta_grpo": ["--num_plans", "2", "--continuations_per_plan", "2"],
-    "segment_arpo": ["--arpo_initial_rollouts", "2"],
-    # the addition rows are scored by their sum (the recipe's `accuracy` reads a `solution` column)
-    "hima": ["--hima_accuracy_reward", "last_integer", "--hima_alternatives", "2"],
-    "hima_adapters": ["--hima_accuracy_reward", "last_integer", "--hima_alternatives", "2", "--lora_r", "4"],
-}
-
-
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
-def test_every_recipe_runs_on_the_real_model(recipe, real_path, tmp_path, capsys):
-    from trl_grpo_ext.cli import main
-
-    rows = tmp_path / "addition.jsonl"
-    addition_dataset().to_json(str(rows))
-    # Tree-OPO's rows are its trees' questions: the shipped trees of the addition task, with no dataset named.
-    # NoRD's recipe names the built-in driving task (its rows carry `future` and `scene`, which the reward reads).
-    data = (["--prefix_trees", SAMPLE_TREES] if recipe.stem == "tree_opo" else [] if recipe.stem == "nord"
-            else ["--dataset_name", "json", "--data_files", str(rows)])  # fmt: skip
-    out = tmp_path / "run"
-    argv = ["train", "--config", str(recipe), "--model_name_or_path", real_path, *data, "--max_steps", "1", "--max_completion_length", "16", "--num_generations", "4",
-            "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
-            "--output_dir", str(out), *SMALL.get(recipe.stem, [])]  # fmt: skip
-    assert main(argv) == 0
-    assert "Trained 1 steps" in capsys.readouterr().out
-    assert (out / "trl_grpo_ext_run.json").exists()
-    assert (out / "model.safetensors").exists() or (out / "adapter_model.safetensors").exists()
-
-
-def test_the_main_job_reports_held_out_accuracy(real_path, tmp_path, capsys):
-    import json
-
-    from trl_grpo_ext.cli import main
-    from trl_grpo_ext.testing import SMOLLM2
-
-    out = tmp_path / "run"
-    assert main(["train", "--max_steps", "1", "--output_dir", str(out)]) == 0  # the main job, cut to one step
-    printed = capsys.readouterr().out
-    assert "held-out accuracy (greedy, 60 problems)" in printed and "Trained 1 steps" in printed
-    record = json.loads((out / "trl_grpo_ext_run.json").read_text())
-    assert record["model"] == SMOLLM2 and record["dataset"] == "addition"
-    assert 0 <= record["heldout_accuracy_before"] <= 1 and 0 <= record["heldout_accuracy_after"] <= 1
-    assert record["reward_funcs"] == ["last_integer_reward", "brevity"]
-    assert "Held-out accuracy" in (out / "README.md").read_text()
-
-
-def test_a_named_trainer_alone_is_a_working_run(real_path, tmp_path, capsys):
-    from trl_grpo_ext.cli import main
-
-    # `--trainer segment` alone: segments by tool calls, with the built-in calculator, on the built-in task.
-    assert main(["train", "--trainer", "segment", "--max_steps", "1", "--output_dir", str(tmp_path / "run")]) == 0
-    assert "Trained 1 steps" in capsys.readouterr().out
 
 
 def test_tree_opo_builds_trees_with_the_model_itself_then_trains(real_path, real_tokenizer, tmp_path):

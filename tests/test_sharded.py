@@ -239,6 +239,10 @@ def main(out: Path, model_path: str, backend: str, device: str = "cpu") -> None:
     lora.train()
     record["lora_logs"] = lora.state.log_history
     (out / f"rank{rank}.json").write_text(json.dumps(record))
+    # Leave the process group before the interpreter exits: one CI run's rank aborted in the exit's teardown, after
+    # its last trainer had finished ("terminate called without an active exception", gloo's threads).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def _launch(tmp_path, tiny_model_path, backend: str, config: Path, *flags: str) -> list[dict]:

@@ -504,7 +504,8 @@ def _fit_presets(trainer: str, config_cls, argv: list[str], shape, defaults: dic
     """Named trainers' defaults fitted to the run (under a recipe's values and the flags, like every default).
 
     PTA-GRPO: `num_plans` x `continuations_per_plan` = `num_generations` (the paper's 3 x 3 needs 9 rows a prompt).
-    Curriculum GRPO: at most `max_steps - 1` budget drops (each budget stage needs a step)."""
+    Curriculum GRPO: at most `max_steps - 1` budget drops (each budget stage needs a step); a one-step run keeps one
+    drop over a two-step schedule and trains at `budget_start`."""
     fields = config_cls.__dataclass_fields__
     if "--max_steps" in _flags(argv) or "max_steps" not in overrides:
         steps = shape.max_steps if shape.max_steps > 0 else defaults.get("max_steps")
@@ -518,9 +519,11 @@ def _fit_presets(trainer: str, config_cls, argv: list[str], shape, defaults: dic
     if trainer == "pta" and generations:
         plans = max(d for d in range(1, int(generations**0.5) + 1) if generations % d == 0)
         fitted.update(num_plans=plans, continuations_per_plan=generations // plans)
-    if trainer == "curriculum" and steps and steps >= 2:
+    if trainer == "curriculum" and steps:
         decays = defaults.get("budget_decays", fields["budget_decays"].default)
-        fitted["budget_decays"] = min(decays, steps - 1)
+        fitted["budget_decays"] = max(1, min(decays, steps - 1))
+        if steps == 1:
+            fitted["budget_total_steps"] = 2
     return fitted
 
 

@@ -94,7 +94,8 @@ class DynamicSampling(Extension):
     """Drops zero-variance groups from the loss, after bounded refills.
 
     Metrics: `dynamic_sampling/kept_fraction` (of groups, before refills), `dynamic_sampling/refill_rounds`,
-    `dynamic_sampling/final_kept_fraction`.
+    `dynamic_sampling/final_kept_fraction`, `dynamic_sampling/generated_tokens` (the step's completion tokens on all
+    processes, refills included: TRL's `completions/mean_length` averages the batches, it does not add them).
     """
 
     name = "dynamic_sampling"
@@ -153,6 +154,7 @@ class DynamicSampling(Extension):
         total_groups = trainer.accelerator.gather(torch.tensor([float(keep.numel())], device=keep.device)).sum().item()
         total_groups /= group
         self.log("kept_fraction", kept_groups / total_groups)
+        generated = self._tokens(batch)
         rounds = 0
         while rounds < self.max_rounds:
             # Every process runs the same number of rounds: generation and scoring gather across processes.
@@ -161,6 +163,7 @@ class DynamicSampling(Extension):
                 break
             rounds += 1
             extra = trainer.score_rows(self._draw(need, group), until=self)
+            generated += self._tokens(extra)
             fresh = self._varied_rows(extra)
             dropped = [g for g in range(keep.numel() // group) if not keep[g * group]]
             usable = [g for g in range(need) if fresh[g * group]]
@@ -169,6 +172,7 @@ class DynamicSampling(Extension):
             }
             batch = trainer.splice_rows(batch, extra, replace)
             keep[list(replace)] = True
+        self.log("generated_tokens", generated)
         remaining = int(trainer.accelerator.gather((~keep).sum().reshape(1)).sum().item()) // group
         if self.max_rounds > 0:
             self.log("refill_rounds", rounds)
@@ -181,6 +185,10 @@ class DynamicSampling(Extension):
         self.log("final_kept_fraction", 1.0 - remaining / total_groups)
         if not bool(keep.all()):
             batch.drop_rows(~keep)
+
+    def _tokens(self, batch) -> float:
+        """The completion tokens of `batch` on every process."""
+        return self.trainer.accelerator.gather(batch.completion_mask.sum().float().reshape(1)).sum().item()
 
     def _varied_rows(self, batch) -> torch.Tensor:
         """(B,) bool: this process's rows whose group (over all processes) has filter values that vary."""
