@@ -62,6 +62,19 @@ def test_constant_gain_per_problem_is_shown_and_a_loss_worse(tmp_path):
     assert rows["worse"]["steps"]["verdict"] == "worse" and rows["worse"]["tokens"]["verdict"] == "worse"
 
 
+def test_learned_pairs_each_run_with_its_own_start(tmp_path):
+    start = np.array([1, 0, 0, 1] * 50, dtype=float)
+    runs = [_run("grpo", seed, [start, np.maximum(start, np.arange(200) % 4 == 1)]) for seed in range(3)]  # +1/4
+    runs += [_run("flat", seed, [start, start]) for seed in range(3)]
+    runs += [_run("forgets", seed, [start, start * (np.arange(200) % 2)]) for seed in range(3)]  # loses 1/4
+    rows = {r["arm"]: r for r in lab.learned(_write(tmp_path, runs), n=2000)}
+    assert (rows["grpo"]["start"], rows["grpo"]["final"], rows["grpo"]["step"]) == (0.5, 0.75, 10)
+    assert rows["grpo"]["diff"] == pytest.approx(0.25) and rows["grpo"]["verdict"] == "shown"
+    assert (rows["flat"]["low"], rows["flat"]["high"], rows["flat"]["verdict"]) == (0.0, 0.0, "not shown")
+    assert rows["forgets"]["diff"] == pytest.approx(-0.25) and rows["forgets"]["verdict"] == "worse"
+    assert "| grpo | 3 | 0.500 | 0.750 (10) | +0.250 [" in lab.learned_markdown(list(rows.values()))
+
+
 def test_noisy_gain_and_noise_alone(tmp_path):
     """0/1 correctness: a method that also gets a fifth of GRPO's misses right is shown over 5 seeds x 200 problems;
     a method that is GRPO with other noise is not."""
