@@ -74,6 +74,15 @@ EXPERIMENTS = {
     "chain_sum": experiment("rg:chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     # the confirmation task: the GCD of two numbers <= 20; greedy, 32 tokens: 0.19 on 100 held-out problems
     "gcd": experiment("rg:gcd", {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 20}),
+    # a diagnostic of chain_sum (docs/results.md): GRPO's seeds 2 and 3, whose completions grew to the 24-token cap
+    # and whose accuracy did not rise, again with room for 48 tokens (training and held-out evaluation)
+    "chain_sum_48": experiment(
+        "rg:chain_sum",
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+        arms=(BASELINE,),
+        seeds=[2, 3],
+        flags=["--learning_rate", "3e-5", "--max_completion_length", "48"],
+    ),
 }
 SMOKE = {"seeds": 1, "steps": 2, "heldout_size": 8, "eval_every": 1, "model": "tiny", "arms": 2}
 HELDOUT_LINE = re.compile(r"The held-out \w+ .*?(before training|after step (\d+)): ([0-9.]+)")
