@@ -75,7 +75,10 @@ def _fails(argv, tmp_path, capsys) -> str:
             ["brings its own data, so --dataset_name would not be used"],
         ),
         (["--data_files", "rows.jsonl"], ["--data_files needs --dataset_name"]),
-        (["--trainer", "curriculum", "--max_steps", "1"], ["spans 1 step(s)", "too few for budget_decays=2"]),
+        (
+            ["--trainer", "curriculum", "--max_steps", "1", "--budget_decays", "2"],
+            ["spans 1 step(s)", "too few for budget_decays=2"],
+        ),
         (["--budget_start", "128", "--max_steps", "2"], ["spans 2 step(s)", "too few for budget_decays=3"]),
         (["--budget_schedule", "cosine"], ["invalid choice: 'cosine'"]),
         (["--load_in_4bit"], ["cannot be trained itself", "add --use_peft"]),

@@ -522,8 +522,8 @@ def _fit_presets(trainer: str, config_cls, argv: list[str], shape, defaults: dic
     if trainer == "curriculum" and steps:
         decays = defaults.get("budget_decays", fields["budget_decays"].default)
         fitted["budget_decays"] = max(1, min(decays, steps - 1))
-        if steps == 1:
-            fitted["budget_total_steps"] = 2
+        if steps == 1 and "--budget_decays" not in _flags(argv) and "budget_decays" not in overrides:
+            fitted["budget_total_steps"] = 2  # the user's own decays are checked against the run as given
     return fitted
 
 
