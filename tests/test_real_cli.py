@@ -8,14 +8,8 @@ import pytest
 
 from trl_grpo_ext.data.trees import SAMPLE_TREES
 from trl_grpo_ext.tasks import addition_dataset
-from trl_grpo_ext.testing import real_model
 
 pytestmark = pytest.mark.real
-
-
-@pytest.fixture(scope="session")
-def real_path():
-    return real_model()
 
 
 RECIPES = sorted(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import LoraConfig
-from transformers import AutoTokenizer, BitsAndBytesConfig
+from transformers import BitsAndBytesConfig
 from trl import GRPOTrainer
 from trl.chat_template_utils import supports_tool_calling
 
@@ -24,22 +24,12 @@ from trl_grpo_ext import (
 )
 from trl_grpo_ext.methods.pta import truncate_at_tag
 from trl_grpo_ext.tasks import TASK_REWARD_WEIGHTS, TASK_REWARDS, addition_dataset
-from trl_grpo_ext.testing import cpu_test_config_kwargs, real_model
+from trl_grpo_ext.testing import cpu_test_config_kwargs
 from trl_grpo_ext.tools import calculator
 
 from .conftest import make_config, script_generation, varied_reward
 
 pytestmark = pytest.mark.real
-
-
-@pytest.fixture(scope="session")
-def real_path():
-    return real_model()
-
-
-@pytest.fixture(scope="session")
-def real_tokenizer(real_path):
-    return AutoTokenizer.from_pretrained(real_path)
 
 
 def _ids(tokenizer, text):
