@@ -151,7 +151,9 @@ def variance(sketches: np.ndarray) -> tuple[float, float]:
 def summarise(sketches: dict[str, np.ndarray], n: int = 2000, seed: int = 0) -> dict:
     """Each estimator's variance and noise-to-signal ratio, and RCC's ratios to the others with 95% bootstrap
     intervals over samplings (the same resampled samplings for every estimator)."""
-    result = {name: dict(zip(("variance", "noise_to_signal"), variance(s), strict=True)) for name, s in sketches.items()}
+    result = {
+        name: dict(zip(("variance", "noise_to_signal"), variance(s), strict=True)) for name, s in sketches.items()
+    }
     repeats = next(iter(sketches.values())).shape[0]
     rng = np.random.default_rng(seed)
     draws = {f"rcc/{other}": {"variance": [], "noise_to_signal": []} for other in ("dr_grpo", "grpo")}

@@ -54,7 +54,9 @@ def test_rg_task_args_in_yaml(tmp_path):
         (["--task", "rg:chain_sum", "--task_args", "{min_terms: 0}"], ["min_terms must be positive"]),
         (["--task", "adition"], ["--task 'adition' is unknown; did you mean 'addition'?", "rg:NAME"]),
         (["--task", "addition", "--task_args", "{a: 1}"], ["--task_args is for a reasoning-gym task"]),
-        (["--task", "addition", "--heldout_size", "5"], ["--heldout_size is for a reasoning-gym task"]),
+        (["--task", "addition", "--heldout_size", "61"], ["--heldout_size 61: choose 1 to 60"]),
+        (["--task", "driving", "--heldout_size", "0"], ["--heldout_size 0: choose 1 or more"]),
+        (["--dataset_name", "json", "--heldout_size", "5"], ["--heldout_size is for a task run (--task)"]),
     ],
 )
 def test_bad_rg_task_is_one_line(argv, expected, tmp_path, capsys):
@@ -127,3 +129,16 @@ def test_tiny_model_trains_on_rg_task_and_records_heldout(tmp_path, tiny_cache_d
     assert record["heldout_accuracy_after"] == sum(record["heldout_correct"][-1]) / 12
     card = (out / "README.md").read_text()
     assert "the reasoning-gym task `rg:chain_sum`" in card and "the task's held-out set" in card
+
+
+def test_heldout_size_cuts_the_built_in_tasks_held_out_sets():
+    from trl_grpo_ext.tasks import HeldoutAccuracy, HeldoutDrivingScore, addition_problems
+
+    probe = HeldoutAccuracy(size=8)
+    assert probe.problems == addition_problems("heldout")[:8] and probe.label.endswith("(greedy, 8 problems)")
+    assert len(HeldoutAccuracy().problems) == 60
+    with pytest.raises(ValueError, match="heldout_size=61: the addition task has 60 held-out problems"):
+        HeldoutAccuracy(size=61)
+    scenes = HeldoutDrivingScore(size=4)
+    assert len(scenes.rows) == 4 and scenes.label.endswith("(greedy, 4 scenes)")
+    assert len(HeldoutDrivingScore().rows) == 48

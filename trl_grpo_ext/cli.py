@@ -55,6 +55,8 @@ from .registry import _import_path
 from .rewards import resolve_rewards
 from .rewards.guard import required_columns
 from .tasks import (
+    DRIVING_HELDOUT_SIZE,
+    HELDOUT_SIZE,
     RG_HELDOUT_SIZE,
     RG_INSTALL,
     RG_PREFIX,
@@ -173,7 +175,11 @@ class TrainScriptArguments(_ScriptArguments):
                   "mapping); `seed` and `size` pick the training problems (default 0 and 1000)."},
     )  # fmt: skip
     heldout_size: int | None = field(
-        default=None, metadata={"help": f"Held-out problems of an rg: task (default {RG_HELDOUT_SIZE})."}
+        default=None,
+        metadata={
+            "help": f"Held-out problems of the task: rg: tasks default {RG_HELDOUT_SIZE}, addition {HELDOUT_SIZE} (at "
+            f"most), driving {DRIVING_HELDOUT_SIZE} scenes."
+        },
     )
     heldout_every: int | None = field(
         default=None,
@@ -435,12 +441,16 @@ def _rg_task(script_args, task: str | None) -> RGTask | None:
         raise CLIError(f"--task {given!r} is unknown; {hint}use addition, driving or rg:NAME, a reasoning-gym dataset "
                        "(rg:chain_sum)")  # fmt: skip
     rg_name = task[len(RG_PREFIX) :] if task and task.startswith(RG_PREFIX) else None
-    for option in ("task_args", "heldout_size"):
-        if getattr(script_args, option) is not None and rg_name is None:
-            raise CLIError(f"--{option} is for a reasoning-gym task (--task rg:NAME), not "
-                           f"{f'--task {task}' if task else 'a dataset run'}; drop it")  # fmt: skip
-    if script_args.heldout_every is not None and not task:
-        raise CLIError("--heldout_every is for a task run (--task), which has a held-out evaluation; drop it")
+    if script_args.task_args is not None and rg_name is None:
+        raise CLIError(f"--task_args is for a reasoning-gym task (--task rg:NAME), not "
+                       f"{f'--task {task}' if task else 'a dataset run'}; drop it")  # fmt: skip
+    for option in ("heldout_every", "heldout_size"):
+        if getattr(script_args, option) is not None and not task:
+            raise CLIError(f"--{option} is for a task run (--task), which has a held-out evaluation; drop it")
+    size = script_args.heldout_size
+    if size is not None and (not isinstance(size, int) or size < 1 or (task == "addition" and size > HELDOUT_SIZE)):
+        most = f" to {HELDOUT_SIZE} (the addition task's held-out problems)" if task == "addition" else " or more"
+        raise CLIError(f"--heldout_size {size!r}: choose 1{most}")
     if rg_name is None:
         return None
     try:
@@ -565,7 +575,8 @@ def train(argv: list[str]) -> Path:
     if run.rg is not None:
         probe = RGHeldoutAccuracy(run.rg, every=every, max_new_tokens=length, system=script_args.system_prompt)
     else:
-        probe = (HeldoutDrivingScore if task == "driving" else HeldoutAccuracy)(every=every, max_new_tokens=length)
+        probe = (HeldoutDrivingScore if task == "driving" else HeldoutAccuracy)(every=every, max_new_tokens=length,
+                                                                                size=script_args.heldout_size)  # fmt: skip
     # HiMA's answers come from the system, not one call: TRL's evaluation runs it (eval_strategy), not this probe
     heldout = [probe] if task and script_args.trainer != "hima" else None
     try:

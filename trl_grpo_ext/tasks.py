@@ -171,10 +171,16 @@ class HeldoutAccuracy(TrainerCallback):
     set's order) of each, what a paired comparison of two runs resamples."""
 
     key = "heldout/accuracy"
-    label = f"held-out accuracy (greedy, {HELDOUT_SIZE} problems)"
 
-    def __init__(self, every: int | None = None, max_new_tokens: int = 24, system: str | None = None):
+    def __init__(self, every: int | None = None, max_new_tokens: int = 24, system: str | None = None,
+                 size: int | None = None):  # fmt: skip
+        """`size`: the first `size` of the 60 held-out problems (default all)."""
+        if size is not None and not 1 <= size <= HELDOUT_SIZE:
+            raise ValueError(f"heldout_size={size!r}: the addition task has {HELDOUT_SIZE} held-out problems; "
+                             f"choose 1 to {HELDOUT_SIZE}")  # fmt: skip
         self.every, self.max_new_tokens, self.system = every, max_new_tokens, system
+        self.problems = addition_problems("heldout")[:size]
+        self.label = f"held-out accuracy (greedy, {len(self.problems)} problems)"
         self.trainer = None
         self.history: list[tuple[int, float]] = []  # (step, accuracy)
         self.correct: list[list[int] | None] = []  # per evaluation: per problem 1 (right) or 0
@@ -186,7 +192,7 @@ class HeldoutAccuracy(TrainerCallback):
 
     def correctness(self, model, tokenizer) -> list[bool]:
         """Per held-out problem, whether the greedy reply is right."""
-        return heldout_correct(model, tokenizer, max_new_tokens=self.max_new_tokens, system=self.system)
+        return heldout_correct(model, tokenizer, self.problems, max_new_tokens=self.max_new_tokens, system=self.system)
 
     def evaluate(self, model, tokenizer) -> float:
         self._correct = [int(c) for c in self.correctness(model, tokenizer)]
@@ -278,11 +284,14 @@ class HeldoutDrivingScore(HeldoutAccuracy):
     at the end."""
 
     key = "heldout/driving_score"
-    label = f"held-out driving score (greedy, {DRIVING_HELDOUT_SIZE} scenes)"
 
-    def __init__(self, every: int | None = None, max_new_tokens: int = 48, rows=None):
+    def __init__(self, every: int | None = None, max_new_tokens: int = 48, rows=None, size: int | None = None):
+        """`rows`: the held-out scenes (default: `size` scenes of the held-out seed, 48 unless given)."""
         super().__init__(every=every, max_new_tokens=max_new_tokens)
-        self.rows = rows
+        if size is not None and (rows is not None or size < 1):
+            raise ValueError(f"heldout_size={size!r} must be a whole number >= 1, and is not given with rows")
+        self.rows = rows if rows is not None else driving_task_dataset("heldout", n=size)
+        self.label = f"held-out driving score (greedy, {len(self.rows)} scenes)"
 
     def evaluate(self, model, tokenizer) -> float:
         return heldout_driving_score(model, tokenizer, self.rows, max_new_tokens=self.max_new_tokens)
