@@ -19,7 +19,8 @@ covariance over samplings, V = Σ_r ||g_r − ḡ||² / (R − 1), and the noise
 bias V/R). The ratios rcc/dr_grpo and rcc/grpo get a 95% bootstrap interval over samplings (paired: the estimators
 share every sampling). One JSON per checkpoint, `step<N>.json`, written as it finishes; a rerun skips those done.
 
-    python benchmarks/rcc_variance.py --out docs/results/lab/rcc_variance          # train, then measure
+    python benchmarks/rcc_variance.py --out lab/rcc --steps 0 --repeats 4     # the start (the check)
+    python benchmarks/rcc_variance.py --out lab/rcc --steps 15 30            # train, then measure
     python benchmarks/rcc_variance.py --out /tmp/rcc --smoke                       # tiny model, 2 samplings
 """
 
@@ -115,22 +116,32 @@ def measure(policy, reference, tokenizer, rows, group_size: int, repeats: int, m
         rewards = torch.tensor([rg_score(reply, task, index) for reply, task, index in
                                 zip(replies, [t for t in rows["rg_task"] for _ in range(group_size)],
                                     [i for i in rows["rg_index"] for _ in range(group_size)], strict=True)])  # fmt: skip
-        with torch.no_grad():
-            reference_logps = token_log_probs(reference, out, attention, prompt_length)
-        policy.train()
-        logps = token_log_probs(policy, out, attention, prompt_length)
-        sequence = (logps * mask).sum(1)  # (N,) with grad
-        log_ratio = ((logps.detach() - reference_logps) * mask).sum(1)
+        # A flat group (every reward equal) has advantage 0 under all three estimators (its covariance is 0 too), so
+        # only the varied groups' rows are run through the models: the same gradients, a fraction of the compute.
+        grouped = rewards.view(-1, group_size)
+        varied = (grouped.max(1).values > grouped.min(1).values).repeat_interleave(group_size)
+        rows_in = varied.nonzero().squeeze(1)
+        total = mask.sum()  # the loss's normaliser: every completion token of the batch, as TRL's
+        log_ratio = torch.zeros(len(rewards))
+        if len(rows_in):
+            with torch.no_grad():
+                reference_logps = token_log_probs(reference, out[rows_in], attention[rows_in], prompt_length)
+            policy.train()
+            logps = token_log_probs(policy, out[rows_in], attention[rows_in], prompt_length)
+            sequence = (logps * mask[rows_in]).sum(1)  # (varied rows,) with grad
+            log_ratio[rows_in] = ((logps.detach() - reference_logps) * mask[rows_in]).sum(1)
         found = advantages(rewards, log_ratio, group_size)
-        total = mask.sum()
         for i, name in enumerate(ESTIMATORS):
-            loss = -(found[name] * sequence).sum() / total
+            assert not found[name][~varied].any()  # flat groups: advantage 0, as said above
+            if not len(rows_in):
+                sketches[name].append(torch.zeros(sketch.size, dtype=torch.float64))
+                continue
+            loss = -(found[name][rows_in] * sequence).sum() / total
             grads = torch.autograd.grad(loss, params, retain_graph=i < len(ESTIMATORS) - 1)
             sketches[name].append(sketch(grads))
-        grouped = rewards.view(-1, group_size)
         stats["reward"].append(rewards.mean().item())
         stats["mixed_groups"].append((grouped.max(1).values > grouped.min(1).values).float().mean().item())
-        stats["log_ratio_abs"].append(log_ratio.abs().mean().item())
+        stats["log_ratio_abs"].append(log_ratio[rows_in].abs().mean().item() if len(rows_in) else 0.0)
         stats["baseline_shift_abs"].append((found["dr_grpo"] - found["rcc"]).abs().mean().item())
         stats["tokens"].append(total.item())
         say(f"  sampling {repeat + 1}/{repeats}: reward {rewards.mean():.3f}, mixed groups "
@@ -199,9 +210,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, nargs="+", default=[0, 15, 30], help="checkpoints to measure")
-    parser.add_argument("--prompts", type=int, default=8, help="training prompts per sampling")
+    parser.add_argument("--prompts", type=int, default=16, help="training prompts per sampling")
     parser.add_argument("--group_size", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=24, help="samplings per checkpoint")
+    parser.add_argument("--repeats", type=int, default=16, help="samplings per checkpoint")
     parser.add_argument("--max_new_tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="the tiny model, 2 samplings, no training")
