@@ -72,7 +72,8 @@ CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 EXPERIMENTS = {
     # 2 terms of 1-2 digits (+ or -). SmolLM2-135M-Instruct greedy, 32 tokens: 0.10 on 100 held-out problems (one-digit
     # terms, 0.18, have fewer distinct questions than 200 held-out ones and a training set)
-    "chain_sum": experiment("rg:chain_sum", CHAIN_SUM),
+    # (the arm dr_grpo, NoRD's recipe, was added after GRPO's runs and before its own; docs/results.md)
+    "chain_sum": experiment("rg:chain_sum", CHAIN_SUM, arms=(BASELINE, "dynamic_sampling", "bicc", "dr_grpo")),
     # the confirmation task: the GCD of two numbers <= 20; greedy, 32 tokens: 0.19 on 100 held-out problems
     "gcd": experiment("rg:gcd", {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 20}),
     # a diagnostic of chain_sum (docs/results.md): GRPO's seeds 2 and 3, whose completions grew to the 24-token cap
@@ -311,6 +312,34 @@ def compare(runs: dict[str, dict[int, dict]], baseline: str = BASELINE, n: int =
     return rows
 
 
+def restrict(runs: dict[str, dict[int, dict]], keep: np.ndarray) -> dict[str, dict[int, dict]]:
+    """The runs with each evaluation cut to the held-out problems where `keep` (bool, per problem) is true."""
+    keep = np.asarray(keep, bool)
+
+    def cut(point: dict) -> dict:
+        correct = [c for c, k in zip(point["correct"], keep, strict=True) if k]
+        return {**point, "correct": correct, "accuracy": float(np.mean(correct))}
+
+    return {arm: {seed: {**run, "heldout": [cut(p) for p in run["heldout"]]} for seed, run in seeds.items()}
+            for arm, seeds in runs.items()}  # fmt: skip
+
+
+def chain_sum_tiers(task_args: dict, heldout_size: int) -> dict[str, np.ndarray]:
+    """The held-out chain sums by difficulty: `hardest` where every term has two digits or more, `easier` the rest."""
+    from trl_grpo_ext.tasks import RGTask
+
+    rows = RGTask("chain_sum", dict(task_args), heldout_size=heldout_size).dataset("heldout")
+    terms = [
+        re.findall(r"\d+", prompt[-1]["content"].split("problem:")[-1].split("=")[0]) for prompt in rows["prompt"]
+    ]
+    hardest = np.array([all(len(t) >= 2 for t in found) for found in terms])
+    return {"hardest (every term 2+ digits)": hardest, "easier (a 1-digit term)": ~hardest}
+
+
+# held-out tiers per task: task -> (task_args, heldout size) -> tier name -> bool per held-out problem
+TIERS = {"rg:chain_sum": chain_sum_tiers}
+
+
 def learned(runs: dict[str, dict[int, dict]], n: int = 10000) -> list[dict]:
     """Per arm: did it learn? The paired difference of each run's final held-out correctness and its own before
     training (the same model on the same problems), with its 95% bootstrap interval over seeds and problems."""
@@ -381,6 +410,11 @@ def report(out: Path, baseline: str = BASELINE) -> str:
     table = ("Did each arm learn (its final held-out correctness minus its own before training):\n\n"
              + learned_markdown(learned(runs)) + "\nEach arm against " + baseline + ":\n\n" + markdown(rows, baseline))  # fmt: skip
     task = next((r["task"], r["task_args"]) for seeds in runs.values() for r in seeds.values())
+    if task[0] in TIERS:
+        size = len(next(r for seeds in runs.values() for r in seeds.values())["heldout"][0]["correct"])
+        for name, keep in TIERS[task[0]](task[1], size).items():
+            table += (f"\nEach arm against {baseline} on the {int(keep.sum())} held-out problems of the tier "
+                      f"{name}:\n\n" + markdown(compare(restrict(runs, keep), baseline), baseline))  # fmt: skip
     head = (f"# Lab report: {out.name}\n\nTask `{task[0]}` {json.dumps(task[1])}; arms against `{baseline}` on the "
             "same seed; final held-out accuracy, 95% bootstrap intervals over seeds and held-out problems; verdict "
             "'shown' when the interval excludes 0 in the arm's favour, 'worse' against, else 'not shown'.\n\n")  # fmt: skip

@@ -151,3 +151,31 @@ def test_smoke_end_to_end_then_skips(tmp_path, tiny_cache_dir):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[grpo seed 0] done before: skipped" in again.stdout and "started" not in again.stdout
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("*-seed*.json")} == written
+
+
+def test_a_tier_keeps_only_its_problems_and_compares_on_them(tmp_path):
+    # The arm is better on the first 100 problems only: shown on that tier, nothing on the other.
+    rng = np.random.default_rng(3)
+    runs, keep = [], np.arange(200) < 100
+    for seed in range(4):
+        base = (rng.random(200) < 0.4).astype(float)
+        better = np.where(keep, 1.0, base)
+        runs += [_run("grpo", seed, [base * 0, base]), _run("arm", seed, [base * 0, better])]
+    runs = _write(tmp_path, runs)
+    first, rest = lab.restrict(runs, keep), lab.restrict(runs, ~keep)
+    assert len(first["arm"][0]["heldout"][-1]["correct"]) == 100 and first["arm"][0]["heldout"][-1]["accuracy"] == 1.0
+    assert lab.compare(first)[0]["steps"]["verdict"] == "shown"
+    assert lab.compare(rest)[0]["steps"]["diff"] == 0.0
+
+
+def test_chain_sum_tiers_split_by_the_terms_digits():
+    tiers = lab.chain_sum_tiers(lab.CHAIN_SUM, 20)
+    hardest, easier = tiers.values()
+    assert len(hardest) == 20 and (hardest ^ easier).all()
+    from trl_grpo_ext.tasks import RGTask
+
+    rows = RGTask("chain_sum", dict(lab.CHAIN_SUM), heldout_size=20).dataset("heldout")
+    for prompt, hard in zip(rows["prompt"], hardest, strict=True):
+        question = prompt[-1]["content"].split("problem:")[1].split("=")[0]  # "84 - 12 "
+        terms = question.replace("+", " ").replace("-", " ").split()
+        assert hard == all(len(t) == 2 for t in terms), question
