@@ -150,27 +150,29 @@ def measure(policy, reference, tokenizer, rows, group_size: int, repeats: int, m
     return {"sketches": {name: torch.stack(s).numpy() for name, s in sketches.items()}, "stats": stats}
 
 
-def variance(sketches: np.ndarray) -> tuple[float, float]:
-    """(trace of the covariance over samplings, noise-to-signal ratio) of an (R, k) array of gradient sketches."""
-    repeats = sketches.shape[0]
-    mean = sketches.mean(0)
-    trace = float(((sketches - mean) ** 2).sum() / (repeats - 1))
-    signal = float((mean**2).sum()) - trace / repeats  # unbiased ||E g||²
+def variance(gram: np.ndarray, pick: np.ndarray | None = None) -> tuple[float, float]:
+    """(trace of the covariance over samplings, noise-to-signal ratio) of R gradient sketches, from their Gram matrix
+    (R x R inner products), for the samplings `pick` (with repeats; default all once)."""
+    pick = np.arange(len(gram)) if pick is None else pick
+    repeats = len(pick)
+    sub = gram[np.ix_(pick, pick)]
+    mean_norm = sub.sum() / repeats**2  # ||ḡ||²
+    trace = float((np.trace(sub) - repeats * mean_norm) / (repeats - 1))
+    signal = float(mean_norm) - trace / repeats  # unbiased ||E g||²
     return trace, trace / signal if signal > 0 else float("inf")
 
 
 def summarise(sketches: dict[str, np.ndarray], n: int = 2000, seed: int = 0) -> dict:
     """Each estimator's variance and noise-to-signal ratio, and RCC's ratios to the others with 95% bootstrap
     intervals over samplings (the same resampled samplings for every estimator)."""
-    result = {
-        name: dict(zip(("variance", "noise_to_signal"), variance(s), strict=True)) for name, s in sketches.items()
-    }
-    repeats = next(iter(sketches.values())).shape[0]
+    grams = {name: s @ s.T for name, s in sketches.items()}
+    result = {name: dict(zip(("variance", "noise_to_signal"), variance(g), strict=True)) for name, g in grams.items()}
+    repeats = next(iter(grams.values())).shape[0]
     rng = np.random.default_rng(seed)
     draws = {f"rcc/{other}": {"variance": [], "noise_to_signal": []} for other in ("dr_grpo", "grpo")}
     for _ in range(n):
         pick = rng.integers(0, repeats, repeats)
-        found = {name: variance(s[pick]) for name, s in sketches.items()}
+        found = {name: variance(g, pick) for name, g in grams.items()}
         for other in ("dr_grpo", "grpo"):
             for j, key in enumerate(("variance", "noise_to_signal")):
                 base = found[other][j]
@@ -181,7 +183,7 @@ def summarise(sketches: dict[str, np.ndarray], n: int = 2000, seed: int = 0) -> 
         for key, values in measures.items():
             base = result[other][key]
             point = result["rcc"][key] / base if base > 0 else float("nan")
-            low, high = np.nanpercentile(values, [2.5, 97.5])
+            low, high = np.nanpercentile(values, [2.5, 97.5]) if not np.isnan(values).all() else (np.nan, np.nan)
             result[pair][key] = {"ratio": point, "low": float(low), "high": float(high)}
     return result
 
