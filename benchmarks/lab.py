@@ -76,6 +76,15 @@ EXPERIMENTS = {
     "chain_sum": experiment("rg:chain_sum", CHAIN_SUM, arms=(BASELINE, "dynamic_sampling", "bicc", "dr_grpo")),
     # the confirmation task: the GCD of two numbers <= 20; greedy, 32 tokens: 0.19 on 100 held-out problems
     "gcd": experiment("rg:gcd", {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 20}),
+    # chain_sum with 4 groups of 8 a step (32 rows): what a claim about the weights between groups needs (NoRD's:
+    # with one group a step, GRPO and Dr. GRPO differ by a factor that gradient clipping erases; docs/results.md)
+    "chain_sum_groups4": experiment(
+        "rg:chain_sum",
+        CHAIN_SUM,
+        arms=(BASELINE, "dr_grpo"),
+        seeds=[0, 1, 2, 3, 4],
+        flags=["--learning_rate", "3e-5", "--max_completion_length", "24", "--per_device_train_batch_size", "32"],
+    ),
     # a diagnostic of chain_sum (docs/results.md): GRPO's seeds 2 and 3, whose completions grew to the 24-token cap
     # and whose accuracy did not rise, again with room for 48 tokens (training and held-out evaluation)
     "chain_sum_48": experiment(
