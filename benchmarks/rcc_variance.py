@@ -118,31 +118,34 @@ def measure(policy, reference, tokenizer, rows, group_size: int, repeats: int, m
                                     [i for i in rows["rg_index"] for _ in range(group_size)], strict=True)])  # fmt: skip
         # A flat group (every reward equal) has advantage 0 under all three estimators (its covariance is 0 too), so
         # only the varied groups' rows are run through the models: the same gradients, a fraction of the compute.
+        # One group at a time (the estimators are per group; the gradient, and its sketch, is a sum over groups):
+        # the activations of 8 rows, not of the batch.
         grouped = rewards.view(-1, group_size)
-        varied = (grouped.max(1).values > grouped.min(1).values).repeat_interleave(group_size)
-        rows_in = varied.nonzero().squeeze(1)
+        varied_groups = (grouped.max(1).values > grouped.min(1).values).nonzero().squeeze(1).tolist()
         total = mask.sum()  # the loss's normaliser: every completion token of the batch, as TRL's
-        log_ratio = torch.zeros(len(rewards))
-        if len(rows_in):
+        summed = {name: torch.zeros(sketch.size, dtype=torch.float64) for name in ESTIMATORS}
+        log_ratios, shifts = [], []
+        for group in varied_groups:
+            rows_in = torch.arange(group * group_size, (group + 1) * group_size)
             with torch.no_grad():
                 reference_logps = token_log_probs(reference, out[rows_in], attention[rows_in], prompt_length)
             policy.train()
             logps = token_log_probs(policy, out[rows_in], attention[rows_in], prompt_length)
-            sequence = (logps * mask[rows_in]).sum(1)  # (varied rows,) with grad
-            log_ratio[rows_in] = ((logps.detach() - reference_logps) * mask[rows_in]).sum(1)
-        found = advantages(rewards, log_ratio, group_size)
-        for i, name in enumerate(ESTIMATORS):
-            assert not found[name][~varied].any()  # flat groups: advantage 0, as said above
-            if not len(rows_in):
-                sketches[name].append(torch.zeros(sketch.size, dtype=torch.float64))
-                continue
-            loss = -(found[name][rows_in] * sequence).sum() / total
-            grads = torch.autograd.grad(loss, params, retain_graph=i < len(ESTIMATORS) - 1)
-            sketches[name].append(sketch(grads))
+            sequence = (logps * mask[rows_in]).sum(1)  # (group_size,) with grad
+            log_ratio = ((logps.detach() - reference_logps) * mask[rows_in]).sum(1)
+            found = advantages(rewards[rows_in], log_ratio, group_size)
+            for i, name in enumerate(ESTIMATORS):
+                loss = -(found[name] * sequence).sum() / total
+                grads = torch.autograd.grad(loss, params, retain_graph=i < len(ESTIMATORS) - 1)
+                summed[name] += sketch(grads)
+            log_ratios.append(log_ratio)
+            shifts.append((found["dr_grpo"] - found["rcc"]).abs().sum().item())
+        for name in ESTIMATORS:
+            sketches[name].append(summed[name])
         stats["reward"].append(rewards.mean().item())
         stats["mixed_groups"].append((grouped.max(1).values > grouped.min(1).values).float().mean().item())
-        stats["log_ratio_abs"].append(log_ratio[rows_in].abs().mean().item() if len(rows_in) else 0.0)
-        stats["baseline_shift_abs"].append((found["dr_grpo"] - found["rcc"]).abs().mean().item())
+        stats["log_ratio_abs"].append(torch.cat(log_ratios).abs().mean().item() if log_ratios else 0.0)
+        stats["baseline_shift_abs"].append(sum(shifts) / len(rewards))  # per row of the batch (flat rows: 0)
         stats["tokens"].append(total.item())
         say(f"  sampling {repeat + 1}/{repeats}: reward {rewards.mean():.3f}, mixed groups "
             f"{stats['mixed_groups'][-1]:.2f}, mean |δ| {stats['log_ratio_abs'][-1]:.3f} "
