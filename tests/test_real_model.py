@@ -44,7 +44,7 @@ def _train(trainer):
 
 
 def test_grpo_ext_with_dynamic_sampling_trains(real_path, real_tokenizer, tmp_path):
-    args = make_config(tmp_path, max_completion_length=24, learning_rate=1e-4, max_steps=2, temperature=0.7,
+    args = make_config(tmp_path, max_completion_length=16, learning_rate=1e-4, max_steps=2, temperature=0.7,
                        per_device_train_batch_size=8, reward_weights=TASK_REWARD_WEIGHTS, dynamic_sampling=True,
                        dynamic_sampling_max_rounds=1)  # fmt: skip
     trainer = GRPOExtTrainer(model=real_path, reward_funcs=TASK_REWARDS, args=args, train_dataset=addition_dataset(),
@@ -53,7 +53,7 @@ def test_grpo_ext_with_dynamic_sampling_trains(real_path, real_tokenizer, tmp_pa
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logs = [log for log in trainer.state.log_history if "reward" in log]
-    assert len(logs) == 2 and all(log["completions/max_length"] <= 24 for log in logs)
+    assert len(logs) == 2 and all(log["completions/max_length"] <= 16 for log in logs)
     # The last batch: exactly the groups whose answers were all right or all wrong left the loss (the brevity term
     # varies in every group and does not keep them).
     batch = trainer.last_batch
@@ -207,7 +207,7 @@ def test_tree_opo_builds_trees_with_the_model_itself_then_trains(real_path, real
 def test_bicc_with_rcc_trains_two_steps_on_a_real_vocabulary(real_path, real_tokenizer, tmp_path):
     from trl_grpo_ext import BiCCGRPOConfig, BiCCGRPOTrainer
 
-    args = make_config(tmp_path, BiCCGRPOConfig, max_completion_length=24, learning_rate=1e-4, max_steps=2,
+    args = make_config(tmp_path, BiCCGRPOConfig, max_completion_length=16, learning_rate=1e-4, max_steps=2,
                        temperature=1.0, per_device_train_batch_size=8, reward_weights=TASK_REWARD_WEIGHTS,
                        bicc_reward="last_integer", advantage_estimator="rcc")  # fmt: skip
     trainer = BiCCGRPOTrainer(model=real_path, reward_funcs=TASK_REWARDS, args=args, train_dataset=addition_dataset(),
@@ -232,7 +232,7 @@ def test_bicc_with_rcc_trains_two_steps_on_a_real_vocabulary(real_path, real_tok
 def test_self_refinement_trains_two_steps_on_a_real_vocabulary(real_path, real_tokenizer, tmp_path):
     from trl_grpo_ext import DraftGRPOConfig, DraftGRPOTrainer
 
-    args = make_config(tmp_path, DraftGRPOConfig, max_completion_length=24, learning_rate=1e-4, max_steps=2,
+    args = make_config(tmp_path, DraftGRPOConfig, max_completion_length=16, learning_rate=1e-4, max_steps=2,
                        temperature=1.0, per_device_train_batch_size=8, reward_weights=[1.0, 0.2],
                        draft_reward="last_integer", draft_max_new_tokens=16)  # fmt: skip
     trainer = DraftGRPOTrainer(model=real_path, reward_funcs=["last_integer", "draft_copy_penalty:n=2"], args=args,

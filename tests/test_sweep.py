@@ -27,7 +27,7 @@ def base(tmp_path, tiny_cache_dir, monkeypatch):
 def test_a_2x2_sweep_writes_the_table_csv_and_plot_and_a_rerun_skips(base, tmp_path, capsys):
     out = tmp_path / "sweep"
     argv = ["sweep", "--config", str(base), "--grid", "loss_type=grpo,dr_grpo", "num_generations=2,4",
-            "--output_dir", str(out), "--max_steps", "3"]  # fmt: skip
+            "--output_dir", str(out), "--max_steps", "2"]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.count("training (log:") == 4
@@ -40,7 +40,7 @@ def test_a_2x2_sweep_writes_the_table_csv_and_plot_and_a_rerun_skips(base, tmp_p
         logs = [
             log for log in json.loads((folder / "trainer_state.json").read_text())["log_history"] if "reward" in log
         ]
-        assert row["status"] == "ok" and row["steps"] == "3" and len(logs) == 3
+        assert row["status"] == "ok" and row["steps"] == "2" and len(logs) == 2
         assert float(row["final reward"]) == pytest.approx(smoothed([log["reward"] for log in logs])[-1], abs=1e-3)
         length = smoothed([log["completions/mean_length"] for log in logs])[-1]
         assert float(row["final length"]) == pytest.approx(length, abs=0.05)
