@@ -422,6 +422,8 @@ def report(out: Path, baseline: str = BASELINE) -> str:
     if task[0] in TIERS:
         size = len(next(r for seeds in runs.values() for r in seeds.values())["heldout"][0]["correct"])
         for name, keep in TIERS[task[0]](task[1], size).items():
+            if not keep.any():  # a small held-out set (--smoke) may have no problem of a tier
+                continue
             table += (f"\nEach arm against {baseline} on the {int(keep.sum())} held-out problems of the tier "
                       f"{name}:\n\n" + markdown(compare(restrict(runs, keep), baseline), baseline))  # fmt: skip
     head = (f"# Lab report: {out.name}\n\nTask `{task[0]}` {json.dumps(task[1])}; arms against `{baseline}` on the "
