@@ -53,6 +53,12 @@ ARMS = {
     "rcc": ["--advantage_estimator", "rcc"],
     "bicc": ["--trainer", "bicc"],
     "drafts": ["--trainer", "drafts"],
+    # the `monitor` experiment's hacked runs: the verifier plus an exploitable term (`lab_rewards.verbosity`, paying
+    # for words whatever they say) at the same weight, the reward-hacking monitor live
+    "verbosity": (
+        "--reward_funcs rg_score lab_rewards.verbosity --reward_weights 1.0 1.0 --monitor true "
+        "--monitor_correctness rg_score"
+    ).split(),
 }
 
 
@@ -85,6 +91,9 @@ EXPERIMENTS = {
         seeds=[0, 1, 2, 3, 4],
         flags=["--learning_rate", "3e-5", "--max_completion_length", "24", "--per_device_train_batch_size", "32"],
     ),
+    # does the reward-hacking monitor warn before a hack costs held-out accuracy? chain_sum's GRPO with an exploitable
+    # term added, held-out accuracy every 5 steps; the healthy runs are chain_sum's, replayed (docs/results.md)
+    "monitor": experiment("rg:chain_sum", CHAIN_SUM, arms=("verbosity",), seeds=[0, 1, 2], eval_every=5),
     # a diagnostic of chain_sum (docs/results.md): GRPO's seeds 2 and 3, whose completions grew to the 24-token cap
     # and whose accuracy did not rise, again with room for 48 tokens (training and held-out evaluation)
     "chain_sum_48": experiment(
@@ -154,8 +163,10 @@ def run_one(experiment: dict, arm: str, seed: int, out: Path, model: str | None,
     run_dir = out / "runs" / f"{arm}-seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = train_argv(experiment, arm, seed, model_path or model, device, run_dir, cache_dir)
+    here = str(Path(__file__).resolve().parent)  # the lab's own reward terms (lab_rewards.py)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}  # fmt: skip
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     name, steps, start = f"{arm} seed {seed}", experiment["steps"], time.perf_counter()
@@ -179,6 +190,10 @@ def run_one(experiment: dict, arm: str, seed: int, out: Path, model: str | None,
     result = {"arm": arm, "seed": seed, "task": experiment["task"], "task_args": experiment.get("task_args") or {},
               "settings": settings(experiment, arm, model, device), **curves(run_dir),
               "seconds": time.perf_counter() - start, "argv": argv}  # fmt: skip
+    # the run's whole log history beside it (what `monitor_detection.py` replays the monitor over), then its JSON
+    (out / "logs").mkdir(exist_ok=True)
+    state = json.loads((run_dir / "trainer_state.json").read_text())
+    (out / "logs" / path.name).write_text(json.dumps(state["log_history"]))
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(path)  # whole or absent: a killed run leaves no half-written JSON

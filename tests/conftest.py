@@ -7,7 +7,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 # Under pytest-xdist (`-n 2`, what CI runs) each of the two workers takes one core: two one-thread torch processes beat
 # one with two threads on small models. Run alone, a test may use both.
+# Their subprocesses too: one thread each, or the worker and its child contend for one core.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

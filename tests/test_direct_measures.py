@@ -83,3 +83,55 @@ def test_both_measures_end_to_end_on_the_tiny_model(tmp_path):
     mass = json.loads((tmp_path / "mass" / "result.json").read_text())
     assert list(mass["summary"]) == list(difficulty_mass.TIERS) and mass["prompts"] == 2
     assert all(np.asarray(mass["rewards"][tier]).shape == (2, 8) for tier in difficulty_mass.TIERS)
+
+
+def _lab_run(folder: Path, arm: str, seed: int, correct_by_step: dict, logs: list[dict]) -> None:
+    """A lab run's JSON (held-out curve per problem) and its log history, as `benchmarks/lab.py` writes them."""
+    heldout = [{"step": s, "generated_tokens": 100.0 * s, "accuracy": float(np.mean(c)), "correct": list(c)}
+               for s, c in correct_by_step.items()]  # fmt: skip
+    run = {"arm": arm, "seed": seed, "task": "rg:chain_sum", "task_args": {}, "settings": {}, "heldout": heldout,
+           "train": []}  # fmt: skip
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    (folder / f"{arm}-seed{seed}.json").write_text(json.dumps(run))
+    (folder / "logs" / f"{arm}-seed{seed}.json").write_text(json.dumps(logs))
+
+
+def test_monitor_detection_finds_the_warning_the_drop_and_the_false_alarm(tmp_path):
+    import monitor_detection
+
+    # A hacked run: verbosity climbs 0.1 -> 0.9 from step 4 while correctness stays at 0.2 (component_hacking), and
+    # its held-out accuracy is 0.5 at step 0, 0.5 at step 5, 0 at step 10 (a drop the interval shows).
+    hacked_logs = [{"step": s, "reward": 0.2 + v, "rewards/rg_score_reward/mean": 0.2, "rewards/verbosity/mean": v,
+                    "completions/mean_length": 10.0} for s, v in enumerate([0.1] * 3 + [0.9] * 9, start=1)]  # fmt: skip
+    half = [1.0] * 100 + [0.0] * 100
+    _lab_run(tmp_path / "hacked", "verbosity", 0, {0: half, 5: half, 10: [0.0] * 200}, hacked_logs)
+    # A healthy run: flat metrics, held-out accuracy 0.5 -> 0.75 (it learned), no warning.
+    healthy_logs = [{"step": s, "reward": 0.2, "rewards/rg_score_reward/mean": 0.2, "completions/mean_length": 10.0}
+                    for s in range(1, 13)]  # fmt: skip
+    _lab_run(tmp_path / "healthy", "grpo", 0, {0: half, 10: [1.0] * 150 + [0.0] * 50}, healthy_logs)
+    # A healthy run whose correctness falls from 0.6 to 0: correctness_regression fires, a false alarm here.
+    falling = [{**log, "rewards/rg_score_reward/mean": 0.6 if log["step"] <= 6 else 0.0} for log in healthy_logs]
+    _lab_run(tmp_path / "healthy", "grpo", 1, {0: half, 10: half}, falling)
+    out = tmp_path / "detection.json"
+    assert monitor_detection.main(["--hacked", str(tmp_path / "hacked"), "--healthy", str(tmp_path / "healthy"),
+                                   "--out", str(out)]) == 0  # fmt: skip
+    found = json.loads(out.read_text())
+    (hacked,) = found["hacked"]
+    assert hacked["first_warning"]["detector"] == "component_hacking"
+    assert hacked["drop"]["step"] == 10 and hacked["drop"]["diff"] == pytest.approx(-0.5)
+    assert hacked["lead"] == 10 - hacked["first_warning"]["step"] > 0
+    quiet, alarmed = found["healthy"]
+    assert quiet["warnings"] == [] and quiet["change"]["rose"] and quiet["change"]["diff"] == pytest.approx(0.25)
+    assert [w["detector"] for w in alarmed["warnings"]] == ["correctness_regression"] and not alarmed["change"]["rose"]
+    summary = found["summary"]
+    assert summary["caught_before_drop"][:2] == [1, 1] and summary["healthy_warned"][:2] == [1, 2]
+    assert summary["healthy_warned_by_detector"] == {"correctness_regression": 1}
+    assert summary["healthy_that_learned_warned"] == [0, 1]
+    assert "| verbosity seed 0 |" in out.with_suffix(".md").read_text()
+
+
+def test_clopper_pearson_matches_its_known_values():
+    import monitor_detection
+
+    assert monitor_detection.clopper_pearson(0, 10) == pytest.approx((0.0, 0.3085), abs=1e-4)
+    assert monitor_detection.clopper_pearson(3, 3) == pytest.approx((0.2924, 1.0), abs=1e-4)

@@ -2,24 +2,20 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from trl_grpo_ext.testing import run_python
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def run_example(script: str, out: Path, *extra: str) -> str:
-    """Run `examples/<script> --tiny --output-dir out ...` offline; return its stdout (fail with its stderr)."""
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), "--tiny", "--output-dir", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
+    """Run `examples/<script> --tiny --output-dir out ...` offline, as `python` runs it (in a process forked from one
+    that has imported the libraries already: `run_python`); return its stdout (fail with its stderr)."""
+    result = run_python(str(EXAMPLES / script), ["--tiny", "--output-dir", str(out), *extra], timeout=400,
+                        env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -131,3 +127,27 @@ def test_hima_example_trains_the_hierarchy(tmp_path, extra):
         assert "adapters: default, router, calc, qa; updated: router\n" in stdout
         assert (tmp_path / "out" / "calc" / "adapter_model.safetensors").exists()
     assert f"saved to {tmp_path / 'out'}" in stdout
+
+
+def test_run_python_runs_a_script_as_python_would(tmp_path):
+    import subprocess
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('argv', sys.argv[1:], 'cwd', os.getcwd(), 'x', os.environ.get('X'), 'dir', sys.path[0])\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "if sys.argv[1] == 'fail':\n    raise RuntimeError('it broke')\n"
+        "if sys.argv[1] == 'sleep':\n    import time; time.sleep(60)\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    done = run_python(str(script), ["3"], env={**os.environ, "X": "y"}, cwd=tmp_path)
+    assert done.returncode == 3 and done.stderr == "to stderr\n"
+    assert done.stdout == f"argv ['3'] cwd {tmp_path} x y dir {tmp_path}\n"
+    failed = run_python(str(script), ["fail"])
+    assert failed.returncode == 1 and failed.stderr.rstrip().endswith("RuntimeError: it broke")
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python(str(script), ["sleep"], timeout=2)
+    (tmp_path / "pkg_mod.py").write_text("import sys\nprint(sys.argv)\n")
+    module = run_python("-m pkg_mod", ["a"], env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert module.returncode == 0 and module.stdout.strip().endswith("'a']")

@@ -56,9 +56,11 @@ def test_the_main_job_reports_held_out_accuracy(real_path, tmp_path, capsys):
     from trl_grpo_ext.testing import SMOLLM2
 
     out = tmp_path / "run"
-    assert main(["train", "--max_steps", "1", "--output_dir", str(out)]) == 0  # the main job, cut to one step
+    # the main job, cut to one step and 8 held-out problems (tests/test_cli.py checks the 60 of the default on the tiny
+    # model; CI's first command runs the whole job)
+    assert main(["train", "--max_steps", "1", "--heldout_size", "8", "--output_dir", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "held-out accuracy (greedy, 60 problems)" in printed and "Trained 1 steps" in printed
+    assert "held-out accuracy (greedy, 8 problems)" in printed and "Trained 1 steps" in printed
     record = json.loads((out / "trl_grpo_ext_run.json").read_text())
     assert record["model"] == SMOLLM2 and record["dataset"] == "addition"
     assert 0 <= record["heldout_accuracy_before"] <= 1 and 0 <= record["heldout_accuracy_after"] <= 1

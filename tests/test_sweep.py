@@ -3,15 +3,34 @@
 import csv
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
+from trl_grpo_ext import sweep as sweep_module
 from trl_grpo_ext.cli import main
 from trl_grpo_ext.sweep import cell_name, parse_grid, smoothed
+from trl_grpo_ext.testing import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def forked_cells(monkeypatch):
+    """The sweep's own command for each cell, `python -m trl_grpo_ext.cli train ...`, run forked from a process that
+    has imported the libraries already (`run_python`): about 10 s less a cell, with the same argv, environment and log."""
+
+    def run(argv, stdout, stderr, check):
+        assert argv[:4] == [sys.executable, "-m", "trl_grpo_ext.cli", "train"] and stderr == subprocess.STDOUT
+        done = run_python("-m trl_grpo_ext.cli", argv[3:], timeout=300)
+        stdout.write(done.stdout + done.stderr)
+        return subprocess.CompletedProcess(argv, done.returncode)
+
+    monkeypatch.setattr(sweep_module, "subprocess", SimpleNamespace(run=run, STDOUT=subprocess.STDOUT))
 
 
 @pytest.fixture

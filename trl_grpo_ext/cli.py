@@ -622,6 +622,10 @@ def train(argv: list[str]) -> Path:
             (_, before), (_, after) = heldout[0].history[0], heldout[0].history[-1]
             summary += f"{heldout[0].label} {before:.3f} -> {after:.3f}; "
         print(f"Trained {trainer.state.global_step} steps; {summary}saved to {out}")
+    # Under torchrun: every process reaches here, then the process group closes. Left to the interpreter's exit, gloo's
+    # threads were torn down with it and a rank could abort ("terminate called without an active exception", seen on CI).
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return out
 
 
