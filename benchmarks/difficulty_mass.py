@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import sample_groups
 
 TIERS = {"1 digit": 1, "2 digits": 2, "3 digits": 3}  # easiest first
 SCALES = ("group", "none")
@@ -31,23 +32,11 @@ SCALES = ("group", "none")
 
 def sample_rewards(model, tokenizer, rows, group_size: int, max_new_tokens: int, batch_prompts: int = 8) -> np.ndarray:
     """(prompts, group_size) verifier scores of sampled completions (temperature 1, as GRPO trains)."""
-    from trl_grpo_ext.tasks import rg_score
-
-    tokenizer.padding_side = "left"
     rewards = []
     for start in range(0, len(rows["prompt"]), batch_prompts):
-        prompts = rows["prompt"][start : start + batch_prompts]
-        texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-        inputs = tokenizer([t for t in texts for _ in range(group_size)], return_tensors="pt", padding=True,
-                           add_special_tokens=False)  # fmt: skip
-        with torch.no_grad():
-            out = model.generate(**inputs, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                 max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-        replies = tokenizer.batch_decode(out[:, inputs["input_ids"].size(1) :], skip_special_tokens=True)
-        for k in range(len(prompts)):
-            task, index = rows["rg_task"][start + k], rows["rg_index"][start + k]
-            rewards.append([rg_score(r, task, index) for r in replies[k * group_size : (k + 1) * group_size]])
-    return np.asarray(rewards, dtype=float)
+        chunk = {key: rows[key][start : start + batch_prompts] for key in ("prompt", "rg_task", "rg_index")}
+        rewards.append(sample_groups(model, tokenizer, chunk, group_size, max_new_tokens)["rewards"].numpy())
+    return np.concatenate(rewards).astype(float)
 
 
 def shares(rewards: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:

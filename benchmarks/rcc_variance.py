@@ -39,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lab
+from common import sample_groups
 
 ESTIMATORS = ("grpo", "dr_grpo", "rcc")
 SKETCH = 2**20
@@ -72,15 +73,6 @@ def advantages(rewards: torch.Tensor, log_ratio: torch.Tensor, group_size: int) 
             "rcc": rcc_advantages(rewards, log_ratio, groups)}  # fmt: skip
 
 
-def completion_mask(completions: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
-    """1 up to and including each row's first end-of-sequence token, 0 after (TRL's completion mask)."""
-    is_eos = torch.zeros_like(completions, dtype=torch.bool)
-    for eos in eos_ids:
-        is_eos |= completions == eos
-    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), completions.size(1))
-    return (torch.arange(completions.size(1))[None] <= first[:, None]).float()
-
-
 def token_log_probs(model, input_ids, attention_mask, prompt_length: int) -> torch.Tensor:
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, prompt_length - 1 : -1].float()
     return torch.gather(logits.log_softmax(-1), 2, input_ids[:, prompt_length:, None]).squeeze(2)
@@ -89,33 +81,17 @@ def token_log_probs(model, input_ids, attention_mask, prompt_length: int) -> tor
 def measure(policy, reference, tokenizer, rows, group_size: int, repeats: int, max_new_tokens: int, seed: int,
             say) -> dict:  # fmt: skip
     """The gradient sketches of every estimator over `repeats` samplings of `rows` (each prompt `group_size` times)."""
-    from trl_grpo_ext.tasks import rg_score
-
     params = [p for p in policy.parameters() if p.requires_grad]
     sketch = CountSketch(params)
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in rows["prompt"]]
-    texts = [t for t in texts for _ in range(group_size)]
-    tokenizer.padding_side = "left"
-    inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    eos_ids = {tokenizer.eos_token_id, *([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])}
     sketches = {name: [] for name in ESTIMATORS}
     stats = {"reward": [], "mixed_groups": [], "log_ratio_abs": [], "baseline_shift_abs": [], "tokens": []}
     torch.manual_seed(seed)
     start = time.perf_counter()
     for repeat in range(repeats):
         policy.eval()
-        with torch.no_grad():
-            out = policy.generate(**inputs, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                  max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-        prompt_length = inputs["input_ids"].size(1)
-        completions = out[:, prompt_length:]
-        mask = completion_mask(completions, eos_ids)
-        attention = torch.cat([inputs["attention_mask"], mask.long()], dim=1)
-        replies = tokenizer.batch_decode(completions * mask.long() + tokenizer.pad_token_id * (1 - mask.long()),
-                                         skip_special_tokens=True)  # fmt: skip
-        rewards = torch.tensor([rg_score(reply, task, index) for reply, task, index in
-                                zip(replies, [t for t in rows["rg_task"] for _ in range(group_size)],
-                                    [i for i in rows["rg_index"] for _ in range(group_size)], strict=True)])  # fmt: skip
+        sampled = sample_groups(policy, tokenizer, rows, group_size, max_new_tokens)
+        out, prompt_length, mask = sampled["sequences"], sampled["prompt_length"], sampled["completion_mask"]
+        attention, rewards = sampled["attention_mask"], sampled["rewards"].reshape(-1)
         # A flat group (every reward equal) has advantage 0 under all three estimators (its covariance is 0 too), so
         # only the varied groups' rows are run through the models: the same gradients, a fraction of the compute.
         # One group at a time (the estimators are per group; the gradient, and its sketch, is a sum over groups):

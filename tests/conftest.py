@@ -13,6 +13,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# The slowest files first. Under `--dist loadfile` each file runs on one worker, files handed out in collection order:
+# with the longest started first, the many short ones even the two workers out at the end (longest processing time
+# first), instead of a long file starting last on one worker while the other idles.
+SLOWEST_FILES = ["test_real_model.py", "test_real_cli.py", "test_examples.py", "test_benchmarks.py", "test_sharded.py",
+                 "test_lab.py", "test_distributed.py", "test_cli_first_hour.py", "test_fuzz.py"]  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     from trl_grpo_ext.testing import build_tiny_model

@@ -12,6 +12,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import common  # noqa: E402
 import difficulty_mass  # noqa: E402
 import rcc_variance  # noqa: E402
 
@@ -54,7 +55,7 @@ def test_the_count_sketch_keeps_norms_and_inner_products():
 
 def test_completion_mask_ends_after_the_first_eos():
     completions = torch.tensor([[5, 6, 2, 7], [5, 5, 5, 5], [2, 9, 9, 9]])
-    assert rcc_variance.completion_mask(completions, {2}).tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert common.completion_mask(completions, {2}).tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
 
 
 def test_std_scaling_moves_mass_toward_the_group_with_one_right_answer():
