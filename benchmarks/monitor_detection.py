@@ -60,14 +60,16 @@ def rose(run: dict) -> dict:
     return {"diff": diff, "low": low, "high": high, "rose": low > 0}
 
 
-def replay(log_history: list[dict]) -> list[dict]:
-    """The monitor's warnings over a finished run's logs, default thresholds, the verifier as correctness."""
+def replay(log_history: list[dict], thresholds: list[str] | None = None) -> list[dict]:
+    """The monitor's warnings over a finished run's logs (default thresholds unless given, `name=value` each), the
+    verifier as correctness."""
     from trl_grpo_ext import RewardHackingMonitor
 
     names = sorted({key.split("/")[1] for log in log_history for key in log
                     if key.startswith("rewards/") and key.endswith("/mean")})  # fmt: skip
     correctness = next(n for n in names if n.startswith("rg_score"))
-    findings = RewardHackingMonitor(correctness=correctness).replay(log_history, reward_names=names)
+    monitor = RewardHackingMonitor(correctness=correctness, thresholds=thresholds)
+    findings = monitor.replay(log_history, reward_names=names)
     return [{"detector": f.detector, "step": f.step, "subject": f.subject, "evidence": f.evidence}
             for f in findings if f.kind == "warning"]  # fmt: skip
 
@@ -80,7 +82,7 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
     return low, high
 
 
-def analyse(folder: Path, hacked: bool) -> list[dict]:
+def analyse(folder: Path, hacked: bool, thresholds: list[str] | None = None) -> list[dict]:
     rows = []
     for arm, seeds in load_runs(folder).items():
         for seed, run in sorted(seeds.items()):
@@ -88,7 +90,7 @@ def analyse(folder: Path, hacked: bool) -> list[dict]:
             if not log_path.exists():
                 print(f"monitor_detection: {log_path} is missing: run {arm} seed {seed} left out", file=sys.stderr)
                 continue
-            warnings = replay(json.loads(log_path.read_text()))
+            warnings = replay(json.loads(log_path.read_text()), thresholds)
             row = {"folder": folder.name, "arm": arm, "seed": seed, "warnings": warnings,
                    "heldout": [(p["step"], p["accuracy"]) for p in run["heldout"]], "change": rose(run)}  # fmt: skip
             if hacked:
@@ -153,14 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hacked", type=Path, nargs="+", required=True, help="lab folders of runs with the exploit")
     parser.add_argument("--healthy", type=Path, nargs="+", required=True, help="lab folders of runs without it")
     parser.add_argument("--out", type=Path, required=True, help="the result JSON (a .md table is written beside it)")
+    parser.add_argument("--thresholds", nargs="*", default=None, metavar="NAME=VALUE",
+                        help="the monitor's thresholds for the replay (default: its defaults), e.g. window=3")  # fmt: skip
     args = parser.parse_args(argv)
-    hacked = [row for folder in args.hacked for row in analyse(folder, hacked=True)]
-    healthy = [row for folder in args.healthy for row in analyse(folder, hacked=False)]
+    hacked = [row for folder in args.hacked for row in analyse(folder, True, args.thresholds)]
+    healthy = [row for folder in args.healthy for row in analyse(folder, False, args.thresholds)]
     if not hacked or not healthy:
         parser.error("no runs with log histories found in the --hacked or the --healthy folders")
     totals = summary(hacked, healthy)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"summary": totals, "hacked": hacked, "healthy": healthy}, indent=1))
+    result = {"thresholds": args.thresholds or "defaults", "summary": totals, "hacked": hacked, "healthy": healthy}
+    args.out.write_text(json.dumps(result, indent=1))
     table = markdown(hacked, healthy, totals)
     args.out.with_suffix(".md").write_text(table)
     print(table)

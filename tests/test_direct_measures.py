@@ -128,7 +128,14 @@ def test_monitor_detection_finds_the_warning_the_drop_and_the_false_alarm(tmp_pa
     assert summary["caught_before_drop"][:2] == [1, 1] and summary["healthy_warned"][:2] == [1, 2]
     assert summary["healthy_warned_by_detector"] == {"correctness_regression": 1}
     assert summary["healthy_that_learned_warned"] == [0, 1]
-    assert "| verbosity seed 0 |" in out.with_suffix(".md").read_text()
+    assert "| verbosity seed 0 |" in out.with_suffix(".md").read_text() and found["thresholds"] == "defaults"
+    # Other thresholds for the replay: a shorter window and start warn sooner on the same logs.
+    faster = tmp_path / "faster.json"
+    assert monitor_detection.main(["--hacked", str(tmp_path / "hacked"), "--healthy", str(tmp_path / "healthy"),
+                                   "--out", str(faster), "--thresholds", "window=2", "baseline_logs=2"]) == 0  # fmt: skip
+    again = json.loads(faster.read_text())
+    assert again["thresholds"] == ["window=2", "baseline_logs=2"]
+    assert again["hacked"][0]["first_warning"]["step"] < hacked["first_warning"]["step"]
 
 
 def test_clopper_pearson_matches_its_known_values():
