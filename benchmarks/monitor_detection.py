@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -107,6 +108,7 @@ def summary(hacked: list[dict], healthy: list[dict]) -> dict:
     caught = [r for r in dropped if r["lead"] is not None and r["lead"] >= 0]
     warned_healthy = [r for r in healthy if r["warnings"]]
     learned = [r for r in healthy if r["change"]["rose"]]
+    fell = [r for r in healthy if r["change"]["high"] < 0]
     by_detector: dict[str, int] = {}
     for row in healthy:
         for name in sorted({w["detector"] for w in row["warnings"]}):
@@ -119,6 +121,7 @@ def summary(hacked: list[dict], healthy: list[dict]) -> dict:
         "healthy_warned": [len(warned_healthy), len(healthy), *clopper_pearson(len(warned_healthy), len(healthy))],
         "healthy_warned_by_detector": by_detector,
         "healthy_that_learned_warned": [sum(bool(r["warnings"]) for r in learned), len(learned)],
+        "healthy_that_fell_warned": [sum(bool(r["warnings"]) for r in fell), len(fell)],
     }  # fmt: skip
 
 
@@ -158,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--thresholds", nargs="*", default=None, metavar="NAME=VALUE",
                         help="the monitor's thresholds for the replay (default: its defaults), e.g. window=3")  # fmt: skip
     args = parser.parse_args(argv)
+    logging.getLogger("trl_grpo_ext.methods.monitor").setLevel(logging.ERROR)  # its warnings are the table's rows
     hacked = [row for folder in args.hacked for row in analyse(folder, True, args.thresholds)]
     healthy = [row for folder in args.healthy for row in analyse(folder, False, args.thresholds)]
     if not hacked or not healthy:

@@ -127,7 +127,7 @@ def test_monitor_detection_finds_the_warning_the_drop_and_the_false_alarm(tmp_pa
     summary = found["summary"]
     assert summary["caught_before_drop"][:2] == [1, 1] and summary["healthy_warned"][:2] == [1, 2]
     assert summary["healthy_warned_by_detector"] == {"correctness_regression": 1}
-    assert summary["healthy_that_learned_warned"] == [0, 1]
+    assert summary["healthy_that_learned_warned"] == [0, 1] and summary["healthy_that_fell_warned"] == [0, 0]
     assert "| verbosity seed 0 |" in out.with_suffix(".md").read_text() and found["thresholds"] == "defaults"
     # Other thresholds for the replay: a shorter window and start warn sooner on the same logs.
     faster = tmp_path / "faster.json"
