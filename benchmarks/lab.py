@@ -94,6 +94,17 @@ EXPERIMENTS = {
     # does the reward-hacking monitor warn before a hack costs held-out accuracy? chain_sum's GRPO with an exploitable
     # term added, held-out accuracy every 5 steps; the healthy runs are chain_sum's, replayed (docs/results.md)
     "monitor": experiment("rg:chain_sum", CHAIN_SUM, arms=("verbosity",), seeds=[0, 1, 2], eval_every=5),
+    # the same exploit at a third of the learning rate: a hack that needs more steps than the monitor's first 9
+    # (`monitor`'s runs were hacked by step 5; their gradients, norm 3-7, were clipped to 1 at every step, so the
+    # learning rate sets the pace, not the term's weight or the std scaling)
+    "monitor_slow": experiment(
+        "rg:chain_sum",
+        CHAIN_SUM,
+        arms=("verbosity",),
+        seeds=[0, 1, 2],
+        eval_every=5,
+        flags=["--learning_rate", "1e-5", "--max_completion_length", "24"],
+    ),
     # a diagnostic of chain_sum (docs/results.md): GRPO's seeds 2 and 3, whose completions grew to the 24-token cap
     # and whose accuracy did not rise, again with room for 48 tokens (training and held-out evaluation)
     "chain_sum_48": experiment(
