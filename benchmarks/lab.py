@@ -79,7 +79,10 @@ EXPERIMENTS = {
     # 2 terms of 1-2 digits (+ or -). SmolLM2-135M-Instruct greedy, 32 tokens: 0.10 on 100 held-out problems (one-digit
     # terms, 0.18, have fewer distinct questions than 200 held-out ones and a training set)
     # (the arm dr_grpo, NoRD's recipe, was added after GRPO's runs and before its own; docs/results.md)
-    "chain_sum": experiment("rg:chain_sum", CHAIN_SUM, arms=(BASELINE, "dynamic_sampling", "bicc", "dr_grpo")),
+    # (the arm drafts, self-refinement, was added after BiCC's runs, before its own)
+    "chain_sum": experiment(
+        "rg:chain_sum", CHAIN_SUM, arms=(BASELINE, "dynamic_sampling", "bicc", "dr_grpo", "drafts")
+    ),
     # the confirmation task: the GCD of two numbers <= 20; greedy, 32 tokens: 0.19 on 100 held-out problems
     "gcd": experiment("rg:gcd", {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 20}),
     # chain_sum with 4 groups of 8 a step (32 rows): what a claim about the weights between groups needs (NoRD's:
