@@ -83,9 +83,13 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
     return low, high
 
 
-def analyse(folder: Path, hacked: bool, thresholds: list[str] | None = None) -> list[dict]:
+def analyse(
+    folder: Path, hacked: bool, thresholds: list[str] | None = None, arms: list[str] | None = None
+) -> list[dict]:
     rows = []
     for arm, seeds in load_runs(folder).items():
+        if arms and arm not in arms:
+            continue
         for seed, run in sorted(seeds.items()):
             log_path = folder / "logs" / f"{arm}-seed{seed}.json"
             if not log_path.exists():
@@ -160,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the result JSON (a .md table is written beside it)")
     parser.add_argument("--thresholds", nargs="*", default=None, metavar="NAME=VALUE",
                         help="the monitor's thresholds for the replay (default: its defaults), e.g. window=3")  # fmt: skip
+    parser.add_argument("--healthy_arms", nargs="*", default=None, metavar="ARM",
+                        help="only these arms of the --healthy folders (default: every arm there)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.getLogger("trl_grpo_ext.methods.monitor").setLevel(logging.ERROR)  # its warnings are the table's rows
     hacked = [row for folder in args.hacked for row in analyse(folder, True, args.thresholds)]
-    healthy = [row for folder in args.healthy for row in analyse(folder, False, args.thresholds)]
+    healthy = [row for folder in args.healthy for row in analyse(folder, False, args.thresholds, args.healthy_arms)]
     if not hacked or not healthy:
         parser.error("no runs with log histories found in the --hacked or the --healthy folders")
     totals = summary(hacked, healthy)

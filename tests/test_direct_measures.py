@@ -136,6 +136,11 @@ def test_monitor_detection_finds_the_warning_the_drop_and_the_false_alarm(tmp_pa
     again = json.loads(faster.read_text())
     assert again["thresholds"] == ["window=2", "baseline_logs=2"]
     assert again["hacked"][0]["first_warning"]["step"] < hacked["first_warning"]["step"]
+    only = tmp_path / "only.json"
+    _lab_run(tmp_path / "healthy", "drafts", 0, {0: half, 10: half}, falling)  # another arm in a healthy folder
+    assert monitor_detection.main(["--hacked", str(tmp_path / "hacked"), "--healthy", str(tmp_path / "healthy"),
+                                   "--out", str(only), "--healthy_arms", "grpo"]) == 0  # fmt: skip
+    assert [r["arm"] for r in json.loads(only.read_text())["healthy"]] == ["grpo", "grpo"]
 
 
 def test_clopper_pearson_matches_its_known_values():
